@@ -1,0 +1,454 @@
+"""Typed recipes: YAML files mapped onto config dataclasses.
+
+A recipe has sections ``model``, ``data``, ``head``, ``lora``, ``distill``, ``training``, ``output`` and
+``tracking``. Loading validates strictly and reports problems in one line with the dotted path of the field:
+
+* an unknown key fails and suggests the nearest valid key,
+* a wrong type fails naming the expected type,
+* a missing required field fails naming it,
+* command-line overrides ``key.sub=value`` (values parsed as YAML) are applied before validation.
+
+The fully resolved recipe is written beside every output with :func:`save_recipe`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specgraft.errors import ConfigError
+from specgraft.utils.io import atomic_write_text
+
+
+@dataclass
+class ModelConfig:
+    """The frozen target model."""
+
+    name_or_path: str
+    """A Hub id or a local folder with a transformers causal LM."""
+    dtype: str = "float32"
+    """Weights dtype: float32 | bfloat16 | float16 | auto. Use float32 on CPU."""
+    revision: str | None = None
+    trust_remote_code: bool = False
+    attn_implementation: str | None = None
+    """transformers attention backend (sdpa, eager, flash_attention_2); None lets transformers choose."""
+
+    def validate(self, path: str) -> None:
+        _check_choice(f"{path}.dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
+
+
+@dataclass
+class DataConfig:
+    """Training data: conversations (assistant tokens are the loss) or plain text (all tokens)."""
+
+    path: str
+    """A .json/.jsonl/.txt file, a folder saved by ``datasets.save_to_disk``, or a folder of such files."""
+    format: str = "auto"
+    """auto | sharegpt | messages | text | disk."""
+    split: str = "train"
+    """Split to take from a DatasetDict saved with save_to_disk."""
+    max_length: int = 2048
+    """Tokens per training sequence (longer ones are truncated, or chunked when packing)."""
+    packing: bool = False
+    """Concatenate documents/conversations and cut them into max_length sequences."""
+    num_samples: int | None = None
+    """Keep at most this many records (after a seeded shuffle)."""
+    eval_fraction: float = 0.0
+    """Held-out fraction of records used for evaluation."""
+    use_chat_template: bool = True
+    """Apply the tokenizer's chat template when it has one (plain concatenation otherwise)."""
+    system_prompt: str | None = None
+    cache_dir: str | None = None
+    """Where tokenized datasets are cached (default: ~/.cache/specgraft/datasets)."""
+    num_proc: int = 1
+    seed: int = 0
+    regenerate: bool = False
+    """Train on the target's own rewrites of the assistant turns (self-distillation; matters for chat targets)."""
+    regenerate_max_new_tokens: int = 512
+    regenerate_temperature: float = 0.0
+
+    def validate(self, path: str) -> None:
+        _check_choice(f"{path}.format", self.format, ("auto", "sharegpt", "messages", "text", "disk"))
+        _check_positive(f"{path}.max_length", self.max_length)
+        _check_positive(f"{path}.num_proc", self.num_proc)
+        if self.num_samples is not None:
+            _check_positive(f"{path}.num_samples", self.num_samples)
+        _check_range(f"{path}.eval_fraction", self.eval_fraction, 0.0, 1.0, high_open=True)
+        _check_positive(f"{path}.regenerate_max_new_tokens", self.regenerate_max_new_tokens)
+        _check_range(f"{path}.regenerate_temperature", self.regenerate_temperature, 0.0, None)
+
+
+@dataclass
+class HeadConfig:
+    """The draft head grafted onto the target. Fields apply to the families named in their docs."""
+
+    type: str = "medusa"
+    """medusa | eagle (EAGLE-1/2) | eagle3."""
+    num_heads: int = 3
+    """medusa: number of heads K (head k predicts the token k+2 positions ahead)."""
+    num_layers: int = 1
+    """medusa: residual blocks per head. eagle/eagle3: decoder layers in the draft."""
+    share_lm_head: bool = False
+    """medusa: reuse the target's frozen lm_head instead of one trainable vocab projection per head."""
+    loss_decay: float = 0.8
+    """Weight of head k (medusa) or unrolled step s (eagle3) is loss_decay**k."""
+    fc_bias: bool = False
+    """eagle/eagle3: bias in the fc fusion layer (the Vicuna EAGLE-1 drafts used one)."""
+    feature_layers: list[int] | None = None
+    """eagle3: output_hidden_states indices fused by fc; default (2, N//2, N-3)."""
+    draft_vocab_size: int | None = None
+    """eagle3: size of the reduced draft vocabulary; default min(32000, target vocab)."""
+    ttt_steps: int = 7
+    """eagle3: training-time-test unrolled steps."""
+    feature_noise: float = 0.1
+    """eagle: half-width of the uniform noise added to input features during training."""
+    feature_loss_weight: float = 1.0
+    """eagle: weight of the SmoothL1 next-feature loss."""
+    logit_loss_weight: float = 0.1
+    """eagle: weight of the soft cross-entropy against the target distribution."""
+
+    def validate(self, path: str) -> None:
+        _check_choice(f"{path}.type", self.type, ("medusa", "eagle", "eagle3"))
+        _check_positive(f"{path}.num_heads", self.num_heads)
+        _check_positive(f"{path}.num_layers", self.num_layers)
+        _check_positive(f"{path}.ttt_steps", self.ttt_steps)
+        _check_range(f"{path}.loss_decay", self.loss_decay, 0.0, 1.0, low_open=True)
+        _check_range(f"{path}.feature_noise", self.feature_noise, 0.0, None)
+        if self.draft_vocab_size is not None:
+            _check_positive(f"{path}.draft_vocab_size", self.draft_vocab_size)
+
+
+@dataclass
+class LoraConfig:
+    """Medusa-2: a LoRA adapter on the target trained jointly with the heads (peft)."""
+
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lm_loss_weight: float = 1.0
+    head_loss_weight: float = 0.2
+    """lambda in L_LM + lambda * L_heads."""
+    kl_weight: float = 1.0
+    """Self-distillation KL against the adapter-disabled target, so the target's outputs do not drift."""
+    head_warmup_steps: int = 0
+    """Train the heads alone for this many steps before the adapter joins."""
+    learning_rate: float | None = None
+    """Adapter learning rate (default: training.learning_rate / 4)."""
+
+    def validate(self, path: str) -> None:
+        _check_positive(f"{path}.r", self.r)
+        _check_positive(f"{path}.alpha", self.alpha)
+        _check_range(f"{path}.dropout", self.dropout, 0.0, 1.0, high_open=True)
+        _check_range(f"{path}.head_warmup_steps", self.head_warmup_steps, 0, None)
+
+
+@dataclass
+class DistillConfig:
+    """A standalone draft model distilled on the target's outputs."""
+
+    student: str | None = None
+    """A causal LM with the target's tokenizer (local folder or Hub id); None builds one from the target."""
+    keep_every_k_layers: int = 4
+    """When building from the target: keep every k-th layer."""
+    student_hidden_size: int | None = None
+    """When building from the target: a narrower hidden size (random init); None keeps the target's weights."""
+    loss: str = "fkl"
+    """fkl | rkl | jsd | tvd | ce."""
+    beta: float = 0.5
+    """Generalised JSD interpolation (0 = FKL, 1 = RKL)."""
+    temperature: float = 1.0
+    lmbda: float = 0.0
+    """Fraction of batches made of on-policy student samples scored by the target (GKD)."""
+    seq_kd: bool = False
+    """Train on target-generated continuations (sequence-level KD)."""
+    onpolicy_max_new_tokens: int = 64
+    alpha_eval_every: int = 100
+    """Evaluate the held-out acceptance proxy alpha_exact every N steps; the best checkpoint is kept."""
+
+    def validate(self, path: str) -> None:
+        _check_choice(f"{path}.loss", self.loss, ("fkl", "rkl", "jsd", "tvd", "ce"))
+        _check_range(f"{path}.beta", self.beta, 0.0, 1.0)
+        _check_range(f"{path}.lmbda", self.lmbda, 0.0, 1.0)
+        _check_range(f"{path}.temperature", self.temperature, 0.0, None, low_open=True)
+        _check_positive(f"{path}.keep_every_k_layers", self.keep_every_k_layers)
+        _check_positive(f"{path}.alpha_eval_every", self.alpha_eval_every)
+
+
+@dataclass
+class TrainingConfig:
+    """Optimisation, checkpoints and features (shared by head training and distillation)."""
+
+    seed: int = 42
+    max_steps: int = 1000
+    """Optimizer steps."""
+    micro_batch_size: int = 4
+    """Sequences per process per forward."""
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    adam_eps: float = 1e-8
+    lr_scheduler: str = "cosine"
+    """cosine | linear | constant (all with linear warm-up)."""
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm (0 disables)."""
+    mixed_precision: str = "no"
+    """no | bf16 | fp16 (through accelerate)."""
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    eval_every: int = 0
+    """Evaluate on the held-out split every N steps (0 disables)."""
+    features: str = "online"
+    """online (target forward each step) | offline (precomputed feature cache)."""
+    feature_cache_dir: str | None = None
+    feature_dtype: str = "bfloat16"
+    """Storage dtype of an offline feature cache: bfloat16 | float16."""
+
+    def validate(self, path: str) -> None:
+        _check_positive(f"{path}.max_steps", self.max_steps)
+        _check_positive(f"{path}.micro_batch_size", self.micro_batch_size)
+        _check_positive(f"{path}.gradient_accumulation_steps", self.gradient_accumulation_steps)
+        _check_range(f"{path}.learning_rate", self.learning_rate, 0.0, None, low_open=True)
+        _check_range(f"{path}.weight_decay", self.weight_decay, 0.0, None)
+        _check_range(f"{path}.warmup_steps", self.warmup_steps, 0, None)
+        _check_range(f"{path}.max_grad_norm", self.max_grad_norm, 0.0, None)
+        _check_positive(f"{path}.checkpoint_every", self.checkpoint_every)
+        _check_positive(f"{path}.keep_checkpoints", self.keep_checkpoints)
+        _check_positive(f"{path}.log_every", self.log_every)
+        _check_range(f"{path}.eval_every", self.eval_every, 0, None)
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise ConfigError(f"{path}.adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
+        _check_choice(f"{path}.lr_scheduler", self.lr_scheduler, ("cosine", "linear", "constant"))
+        _check_choice(f"{path}.mixed_precision", self.mixed_precision, ("no", "bf16", "fp16"))
+        _check_choice(f"{path}.features", self.features, ("online", "offline"))
+        _check_choice(f"{path}.feature_dtype", self.feature_dtype, ("bfloat16", "float16"))
+
+
+@dataclass
+class OutputConfig:
+    """Where checkpoints, the final head and the resolved recipe go."""
+
+    dir: str
+    overwrite: bool = False
+    """Allow writing into a non-empty output folder that is not a resumable run of this recipe."""
+
+
+@dataclass
+class TrackingConfig:
+    """Experiment tracking through accelerate's trackers (offline-safe)."""
+
+    backend: str = "tensorboard"
+    """tensorboard | wandb | none."""
+    project: str = "specgraft"
+    run_name: str | None = None
+
+    def validate(self, path: str) -> None:
+        _check_choice(f"{path}.backend", self.backend, ("tensorboard", "wandb", "none"))
+
+
+@dataclass
+class Recipe:
+    """A complete job description (head training or draft distillation)."""
+
+    model: ModelConfig
+    data: DataConfig
+    output: OutputConfig
+    head: HeadConfig = field(default_factory=HeadConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    description: str = ""
+    """Free text shown in model cards and reports."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_recipe(path: str | Path, overrides: Sequence[str] = (), schema: type = Recipe) -> Any:
+    """Read a YAML recipe, apply ``key.sub=value`` overrides and return the validated ``schema`` instance."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"recipe file {path} does not exist; pass the path of a YAML recipe (see recipes/)")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise ConfigError(f"recipe {path} is not valid YAML{where} ({problem}); fix the YAML syntax") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"recipe {path} is not UTF-8 text; pass a YAML recipe file") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"recipe {path} must be a YAML mapping of sections (model:, data:, ...), got {_tname(raw)}")
+    raw = apply_overrides(raw, overrides)
+    return from_dict(schema, raw)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Return a copy of ``raw`` with each ``a.b.c=value`` override set (value parsed as YAML)."""
+    result = _deep_copy(raw)
+    for item in overrides:
+        key, sep, value_text = item.partition("=")
+        key = key.strip().lstrip("-")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form key.sub=value; e.g. training.max_steps=100")
+        try:
+            value = yaml.safe_load(value_text) if value_text.strip() else None
+        except yaml.YAMLError:
+            value = value_text
+        node = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section; use key.sub=value")
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def from_dict(schema: type, raw: Mapping[str, Any], path: str = "") -> Any:
+    """Build dataclass ``schema`` from ``raw`` with strict validation (see module docstring)."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{path or 'recipe'} must be a mapping, got {_tname(raw)}")
+    hints = typing.get_type_hints(schema)
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in raw:
+        if key not in fields:
+            where = f"{path}.{key}" if path else str(key)
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean {(path + '.' if path else '') + close[0]}?" if close else ""
+            valid = ", ".join(fields)
+            raise ConfigError(f"unknown recipe key {where}{hint} (valid keys here: {valid})")
+    values = {}
+    for name, f in fields.items():
+        dotted = f"{path}.{name}" if path else name
+        if name in raw:
+            values[name] = _convert(hints[name], raw[name], dotted)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"missing required recipe field {dotted}; add it to the recipe or pass {dotted}=...")
+    obj = schema(**values)
+    if hasattr(obj, "validate"):
+        obj.validate(path or schema.__name__.lower())
+    return obj
+
+
+def to_dict(obj: Any) -> Any:
+    """A plain (YAML/JSON-serialisable) copy of a config dataclass."""
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+
+
+def save_recipe(recipe: Any, path: str | Path) -> None:
+    """Write the fully resolved recipe as YAML (atomically)."""
+    atomic_write_text(path, yaml.safe_dump(to_dict(recipe), sort_keys=False))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        non_none = [a for a in args if a is not type(None)]
+        errors = []
+        for option in non_none:
+            try:
+                return _convert(option, value, path)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise errors[0]
+    if dataclasses.is_dataclass(tp):
+        if value is None:
+            value = {}
+        return from_dict(tp, value, path)
+    if origin in (list, tuple, Sequence):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path} must be a list, got {_tname(value)} {value!r}")
+        item_type = args[0] if args else Any
+        return [_convert(item_type, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path} must be a mapping, got {_tname(value)}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path} must be true or false, got {_tname(value)} {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path} must be an integer, got {_tname(value)} {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:  # YAML 1.1 reads "1e-3" as a string
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{path} must be a number, got {_tname(value)} {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{path} must be a string, got {_tname(value)} {value!r}")
+    return value
+
+
+def _tname(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _deep_copy(raw: Any) -> Any:
+    if isinstance(raw, dict):
+        return {k: _deep_copy(v) for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [_deep_copy(v) for v in raw]
+    return raw
+
+
+def _check_choice(path: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), list(choices), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{path} must be one of {', '.join(choices)}, got {value!r}{hint}")
+
+
+def _check_positive(path: str, value: int | float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{path} must be positive, got {value}")
+
+
+def _check_range(path: str, value: float, low: float | None, high: float | None,
+                 low_open: bool = False, high_open: bool = False) -> None:
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if too_low or too_high:
+        lo = "-inf" if low is None else f"{low}"
+        hi = "inf" if high is None else f"{high}"
+        interval = f"{'(' if low_open or low is None else '['}{lo}, {hi}{')' if high_open or high is None else ']'}"
+        raise ConfigError(f"{path} must be in {interval}, got {value}")

@@ -1,0 +1,1 @@
+"""specgraft.export."""

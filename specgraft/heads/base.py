@@ -1,0 +1,223 @@
+"""Draft heads as adapters (PEFT-style): a head never owns the target, and saves only itself.
+
+A head is built against a :class:`~specgraft.target.Target` (it may *borrow* the target's frozen embeddings,
+final norm or lm_head by reference; borrowed modules are not registered as sub-modules, so they never appear in
+``parameters()``, ``state_dict()`` or the saved file). ``save_pretrained`` writes
+
+* ``head.safetensors``: the head's own weights (and buffers such as EAGLE-3's ``d2t``/``t2d``),
+* ``head_config.json``: the head type, its hyper-parameters and the target's identity,
+* ``recipe.yaml``: the resolved recipe it was trained with (when given),
+
+and ``load_head(target, path)`` rebuilds the right class from the registry and refuses a head made for another
+target with a one-line message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from specgraft.errors import SpecgraftError
+from specgraft.target import Target, TargetIdentity, TargetOutput
+from specgraft.utils.io import atomic_path
+
+HEAD_CONFIG_NAME = "head_config.json"
+HEAD_WEIGHTS_NAME = "head.safetensors"
+RECIPE_NAME = "recipe.yaml"
+FORMAT_VERSION = 1
+
+_REGISTRY: dict[str, type[DraftHead]] = {}
+
+
+def register_head(cls: type[DraftHead]) -> type[DraftHead]:
+    """Class decorator: make ``cls`` loadable by its ``head_type``."""
+    if not getattr(cls, "head_type", None):
+        raise TypeError(f"{cls.__name__} must define a non-empty head_type")
+    _REGISTRY[cls.head_type] = cls
+    return cls
+
+
+def head_class(head_type: str) -> type[DraftHead]:
+    """The registered class of ``head_type`` (imports the built-in families on first use)."""
+    _import_builtin_heads()
+    try:
+        return _REGISTRY[head_type]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY)) or "none"
+        raise SpecgraftError(f"unknown head type {head_type!r}; known types: {known}") from None
+
+
+def _import_builtin_heads() -> None:
+    import importlib
+
+    for module in ("specgraft.heads.medusa", "specgraft.heads.eagle", "specgraft.heads.eagle3"):
+        if importlib.util.find_spec(module) is not None:
+            importlib.import_module(module)
+
+
+@dataclass
+class HeadLoss:
+    """What a head's training step returns: the scalar to minimise and detached metrics to log."""
+
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    """name -> 0-dim tensor, e.g. ``loss/head0``, ``top1/head0``; averaged over processes by the trainer."""
+
+
+class DraftHead(nn.Module):
+    """Base class of every draft head family.
+
+    Subclasses define ``head_type``, a hyper-parameter dataclass ``Config`` (JSON-serialisable fields), and
+    implement :meth:`build`, :meth:`required_layers` and :meth:`training_loss`.
+    """
+
+    head_type: ClassVar[str] = ""
+    Config: ClassVar[type] = object
+    #: Whether training needs the target's logits (soft targets) or only its hidden states.
+    needs_target_logits: ClassVar[bool] = False
+
+    def __init__(self, config: Any, target: Target) -> None:
+        super().__init__()
+        self.config = config
+        self.target_identity: TargetIdentity = target.identity
+        # Borrowed, frozen, never saved: hidden from nn.Module registration on purpose.
+        object.__setattr__(self, "_target", target)
+
+    # -- construction ----------------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, target: Target, config: Any) -> DraftHead:
+        """A freshly initialised head for ``target`` (subclasses initialise from the target's weights)."""
+        return cls(config, target)
+
+    @classmethod
+    def config_from_recipe(cls, head_cfg: Any, target: Target) -> Any:
+        """This family's ``Config`` from a recipe's flat :class:`~specgraft.config.HeadConfig` (defaults resolved
+        against ``target``, e.g. EAGLE-3's layer ids); raises SpecgraftError for invalid combinations."""
+        raise NotImplementedError
+
+    @property
+    def target(self) -> Target:
+        return self._target
+
+    def required_layers(self) -> tuple[int, ...]:
+        """output_hidden_states indices of the target that training and drafting need."""
+        raise NotImplementedError
+
+    def prepare_from_data(self, token_counts: torch.Tensor | None) -> dict[str, Any]:
+        """Called once by the trainer before training with the counts [V] of loss (assistant) tokens in the
+        training data. Heads that derive state from data (EAGLE-3's draft vocabulary) set it here and return
+        facts worth logging (e.g. draft-vocab coverage). Default: nothing."""
+        return {}
+
+    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput) -> HeadLoss:
+        """Loss for one batch. ``batch`` has input_ids/attention_mask/loss_mask [B, T]; ``target_out`` has the
+        hidden states of :meth:`required_layers` (and logits when ``needs_target_logits``)."""
+        raise NotImplementedError
+
+    # -- save / load -----------------------------------------------------------------------------------------
+    def config_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.config) if dataclasses.is_dataclass(self.config) else dict(self.config)
+
+    def save_pretrained(self, path: str | Path, recipe: Any = None, extra: dict[str, Any] | None = None) -> Path:
+        """Write the head (weights, config with the target identity, resolved recipe) atomically to ``path``."""
+        path = Path(path)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "head_type": self.head_type,
+            "config": self.config_dict(),
+            "target": self.target_identity.to_dict(),
+            "num_parameters": sum(p.numel() for p in self.parameters()),
+        }
+        if extra:
+            meta.update(extra)
+        with atomic_path(path) as tmp:
+            tmp.mkdir(parents=True)
+            save_file(state, str(tmp / HEAD_WEIGHTS_NAME), metadata={"head_type": self.head_type})
+            (tmp / HEAD_CONFIG_NAME).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+            if recipe is not None:
+                from specgraft.config import save_recipe
+
+                save_recipe(recipe, tmp / RECIPE_NAME)
+        return path
+
+    @classmethod
+    def from_pretrained(cls, target: Target, path: str | Path) -> DraftHead:
+        """Load a saved head onto ``target`` (refuses a head made for another target)."""
+        head = load_head(target, path)
+        if cls is not DraftHead and not isinstance(head, cls):
+            raise SpecgraftError(f"{path} holds a {head.head_type} head, not {cls.head_type}; "
+                                 f"use load_head() or {type(head).__name__}.from_pretrained")
+        return head
+
+
+def read_head_config(path: str | Path) -> dict[str, Any]:
+    """The ``head_config.json`` of a saved head folder, with clear errors for a missing or broken one."""
+    path = Path(path)
+    cfg_file = path / HEAD_CONFIG_NAME
+    if not path.is_dir():
+        raise SpecgraftError(f"head folder {path} does not exist; pass a folder written by save_pretrained/train")
+    if not cfg_file.is_file():
+        raise SpecgraftError(f"{path} has no {HEAD_CONFIG_NAME}, so it is not a specgraft head folder; "
+                             "pass the output folder of `specgraft train` or an exported `native` folder")
+    try:
+        meta = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecgraftError(f"{cfg_file} is not valid JSON ({exc}); the head folder is corrupt, re-save it") from None
+    for key in ("head_type", "config", "target"):
+        if key not in meta:
+            raise SpecgraftError(f"{cfg_file} lacks {key!r}; the head folder is corrupt or from another tool")
+    return meta
+
+
+def load_head(target: Target, path: str | Path) -> DraftHead:
+    """Rebuild the head saved in ``path`` onto ``target``: registry lookup, identity check, strict weights."""
+    path = Path(path)
+    meta = read_head_config(path)
+    TargetIdentity.from_dict(meta["target"]).require_compatible(target.identity, what=f"{meta['head_type']} head")
+    cls = head_class(meta["head_type"])
+    config_fields = {f.name for f in dataclasses.fields(cls.Config)} if dataclasses.is_dataclass(cls.Config) else None
+    raw_cfg = meta["config"]
+    if config_fields is not None:
+        unknown = set(raw_cfg) - config_fields
+        if unknown:
+            raise SpecgraftError(f"{path}/{HEAD_CONFIG_NAME} has unknown {cls.head_type} fields {sorted(unknown)}; "
+                                 "it was written by a newer specgraft, upgrade specgraft")
+        config = cls.Config(**raw_cfg)
+    else:
+        config = raw_cfg
+    head = cls(config, target)
+    weights = path / HEAD_WEIGHTS_NAME
+    if not weights.is_file():
+        raise SpecgraftError(f"{path} has no {HEAD_WEIGHTS_NAME}; the head folder is incomplete, re-save it")
+    try:
+        state = load_file(str(weights))
+    except Exception as exc:  # safetensors raises its own error types for truncated/corrupt files
+        raise SpecgraftError(f"{weights} is not a readable safetensors file ({type(exc).__name__}); "
+                             "the file is truncated or corrupt, re-save the head") from None
+    expected = head.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise SpecgraftError(f"{weights} does not match a {cls.head_type} head with this config "
+                             f"(missing {missing[:5]}, unexpected {unexpected[:5]}); the checkpoint is incomplete "
+                             "or its head_config.json was edited")
+    bad_shapes = [k for k in expected if tuple(expected[k].shape) != tuple(state[k].shape)]
+    if bad_shapes:
+        k = bad_shapes[0]
+        raise SpecgraftError(f"{weights}: tensor {k} has shape {tuple(state[k].shape)}, expected "
+                             f"{tuple(expected[k].shape)}; the head config and weights disagree")
+    head.load_state_dict(state, strict=True)
+    head.to(device=target.device)
+    return head
+
+
+def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]

@@ -1,0 +1,95 @@
+"""Test kit: tiny random targets of several architectures and a byte-level tokenizer, built in-process.
+
+Nothing here downloads anything. Used by the test-suite, the benchmarks and the dry-run of real-model recipes.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+
+#: Architectures every component is tested on (transformers ``model_type`` names).
+TINY_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3")
+
+#: A ChatML-style template, so tests exercise the chat-template path with a fully offline tokenizer.
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}"
+    "{{ '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>")
+
+
+def tiny_config(
+    model_type: str = "llama",
+    vocab_size: int = 320,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 4,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 512,
+    **overrides,
+):
+    """A tiny random config of ``model_type`` (any decoder-only architecture transformers knows)."""
+    kwargs = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    if model_type in ("gemma2", "gemma3_text", "qwen3"):
+        kwargs["head_dim"] = hidden_size // num_attention_heads
+    if model_type in ("gemma2", "gemma3_text"):
+        # Keep sliding windows larger than any test sequence so tree masks are the only masking at play.
+        kwargs["sliding_window"] = max_position_embeddings
+    kwargs.update(overrides)
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def tiny_model(model_type: str = "llama", seed: int = 0, **config_overrides) -> PreTrainedModel:
+    """A tiny randomly initialised causal LM of ``model_type`` in fp32 eval mode."""
+    config = tiny_config(model_type, **config_overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.eval()
+    return model
+
+
+def tiny_tokenizer(chat_template: bool = True) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (262 ids: 6 specials + 256 bytes) with an optional ChatML chat template.
+
+    Every string round-trips exactly; ids stay below 320, the vocab size of :func:`tiny_model`.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(_SPECIAL_TOKENS)}
+    for ch in sorted(alphabet):
+        vocab[ch] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    if chat_template:
+        tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    return tokenizer

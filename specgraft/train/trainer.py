@@ -1,0 +1,378 @@
+"""Head training on accelerate: one recipe class with a setup -> train -> cleanup lifecycle.
+
+The same code runs single-process, under ``accelerate launch`` with several processes (DDP), and with a DeepSpeed
+accelerate config. Each step the frozen target runs without grad (online features) and feeds the head; the head's
+loss is computed on assistant tokens only. Checkpoints are atomic and resume exactly (optimizer, scheduler, RNG,
+data position). Only the main process writes files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.utils import gather_object, set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from specgraft.config import Recipe, save_recipe, to_dict
+from specgraft.errors import SpecgraftError
+from specgraft.heads.base import DraftHead, head_class, trainable_parameters
+from specgraft.target import Target, target_from_config
+from specgraft.train import checkpoint as ckpt
+from specgraft.utils.io import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+#: Recipe fields that may change between a run and its resumption without changing what is trained.
+RESUMABLE_CHANGES = ("training.max_steps", "training.checkpoint_every", "training.keep_checkpoints",
+                     "training.log_every", "training.eval_every", "output", "tracking", "description")
+
+
+def recipe_fingerprint(recipe: Recipe) -> str:
+    """Hash of the parts of a recipe that determine the training trajectory."""
+    data = to_dict(recipe)
+    for dotted in RESUMABLE_CHANGES:
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node[p]
+        node.pop(leaf, None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory of this process: accelerator memory on GPU, max RSS on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+class HeadTrainer:
+    """Train a draft head described by a :class:`~specgraft.config.Recipe`.
+
+    Usage::
+
+        trainer = HeadTrainer(recipe, resume=False)
+        trainer.setup()
+        summary = trainer.train()
+        trainer.cleanup()
+
+    Args:
+        recipe: the resolved recipe.
+        resume: continue from the newest good checkpoint in ``recipe.output.dir``.
+        target: an already loaded target (tests, demo); loaded from ``recipe.model`` when None.
+        dataset: an already tokenised dataset with input_ids/attention_mask/loss_mask; built from
+            ``recipe.data`` when None.
+        show_progress: draw a progress bar on the main process.
+    """
+
+    def __init__(self, recipe: Recipe, resume: bool = False, target: Target | None = None,
+                 dataset: Any = None, show_progress: bool = True) -> None:
+        self.recipe = recipe
+        self.resume = resume
+        self.target = target
+        self.dataset = dataset
+        self.show_progress = show_progress
+        self.output_dir = Path(recipe.output.dir)
+        self.step = 0
+        self.micro_step = 0
+        self.tokens_seen = 0
+        self.accelerator: Accelerator | None = None
+        self.head: DraftHead | None = None
+
+    # -- setup -----------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        r = self.recipe
+        tr = r.training
+        self._check_output_dir()
+        tracker = None if r.tracking.backend == "none" else r.tracking.backend
+        self.accelerator = Accelerator(
+            gradient_accumulation_steps=tr.gradient_accumulation_steps,
+            mixed_precision=tr.mixed_precision,
+            log_with=tracker,
+            project_dir=str(self.output_dir),
+            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        )
+        acc = self.accelerator
+        set_seed(tr.seed)
+        if self.target is None:
+            self.target = target_from_config(r.model, device=acc.device)
+        else:
+            self.target.model.to(acc.device)
+        target = self.target
+        if target.tokenizer is None and self.dataset is None:
+            raise SpecgraftError("the target has no tokenizer, so the data cannot be tokenised; save the tokenizer "
+                                 "beside the model")
+
+        # Data: tokenised once (main process first so the cache is written once).
+        if self.dataset is None:
+            from specgraft.data import build_dataset
+
+            with acc.main_process_first():
+                splits = build_dataset(r.data, target.tokenizer)
+            self.dataset = splits["train"]
+            self.eval_dataset = splits.get("eval") if hasattr(splits, "get") else None
+        else:
+            self.eval_dataset = None
+        if len(self.dataset) == 0:
+            raise SpecgraftError(f"the training data {r.data.path} is empty after filtering; check data.path and "
+                                 "that conversations have assistant turns")
+
+        cls = head_class(r.head.type)
+        head = cls.build(target, cls.config_from_recipe(r.head, target))
+        counts = self._token_counts(target.vocab_size)
+        self.data_facts = head.prepare_from_data(counts) or {}
+        for key, value in self.data_facts.items():
+            logger.info("%s: %s", key, value)
+        head.to(acc.device)
+        self.head = head
+
+        params = trainable_parameters(head)
+        if not params:
+            raise SpecgraftError(f"the {r.head.type} head has no trainable parameters; check the head recipe")
+        optimizer = torch.optim.AdamW(params, lr=tr.learning_rate, betas=tuple(tr.adam_betas), eps=tr.adam_eps,
+                                      weight_decay=tr.weight_decay)
+        scheduler = get_scheduler(
+            "constant_with_warmup" if tr.lr_scheduler == "constant" else tr.lr_scheduler,
+            optimizer=optimizer, num_warmup_steps=tr.warmup_steps, num_training_steps=tr.max_steps,
+        )
+        from specgraft.data import pad_collate
+
+        pad_id = target.tokenizer.pad_token_id if target.tokenizer is not None else None
+        pad_id = 0 if pad_id is None else pad_id
+        loader = DataLoader(self.dataset.with_format("torch") if hasattr(self.dataset, "with_format")
+                            else self.dataset, batch_size=tr.micro_batch_size, shuffle=True,
+                            collate_fn=lambda feats: pad_collate(feats, pad_id), drop_last=False)
+        # The scheduler is stepped by hand once per optimizer step (accelerate would step it once per process).
+        self.scheduler = scheduler
+        self.step_module, self.optimizer, self.loader = acc.prepare(_TrainStep(head), optimizer, loader)
+        self.batches_per_epoch = len(self.loader)
+
+        if acc.is_main_process:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            save_recipe(r, self.output_dir / "recipe.yaml")
+        if tracker is not None:
+            acc.init_trackers(r.tracking.project, config=_flatten(to_dict(r)),
+                              init_kwargs={"wandb": {"name": r.tracking.run_name}} if tracker == "wandb" else {})
+        self.fingerprint = recipe_fingerprint(r)
+        if self.resume:
+            self._load_latest_checkpoint()
+
+    def _check_output_dir(self) -> None:
+        out = self.output_dir
+        if self.resume or not out.exists() or not any(out.iterdir()):
+            return
+        if self.recipe.output.overwrite:
+            return
+        raise SpecgraftError(f"output folder {out} is not empty; pass --resume to continue that run, "
+                             "output.overwrite=true to write into it, or choose another output.dir")
+
+    def _token_counts(self, vocab_size: int) -> torch.Tensor | None:
+        try:
+            from specgraft.data import token_frequencies
+        except ImportError:
+            return None
+        return token_frequencies(self.dataset, vocab_size, only_loss_tokens=True)
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+    def _unwrapped_head(self) -> DraftHead:
+        return self.accelerator.unwrap_model(self.step_module).head
+
+    def save_checkpoint(self) -> Path | None:
+        acc = self.accelerator
+        rng_states = gather_object([ckpt.capture_rng_state()])  # every rank's RNG, written by rank 0
+        if not acc.is_main_process:
+            acc.wait_for_everyone()
+            return None
+        head = self._unwrapped_head()
+        state = {
+            "step": self.step,
+            "micro_step": self.micro_step,
+            "tokens_seen": self.tokens_seen,
+            "recipe_fingerprint": self.fingerprint,
+            "scheduler": _jsonable(self.scheduler.state_dict()),
+            "rng": rng_states,
+            "num_processes": acc.num_processes,
+        }
+        path = ckpt.save_checkpoint(
+            self.output_dir, self.step,
+            write_payload=lambda folder: head.save_pretrained(folder / "head", recipe=self.recipe),
+            optimizer_state=self.optimizer.state_dict(),
+            trainer_state=state,
+            keep=self.recipe.training.keep_checkpoints,
+        )
+        acc.wait_for_everyone()
+        return path
+
+    def _load_latest_checkpoint(self) -> None:
+        folder = ckpt.latest_good_checkpoint(self.output_dir)
+        if folder is None:
+            logger.info("no checkpoint in %s: starting from scratch", self.output_dir)
+            return
+        state, optimizer_state = ckpt.load_checkpoint_state(folder)
+        if state.get("recipe_fingerprint") != self.fingerprint:
+            raise SpecgraftError(f"checkpoint {folder} was made by a different recipe (only max_steps, logging, "
+                                 "checkpointing and output may change on resume); resume with the original recipe "
+                                 "or start a new output.dir")
+        if state.get("num_processes") != self.accelerator.num_processes:
+            logger.warning("resuming a %s-process run with %s processes: the data order changes",
+                           state.get("num_processes"), self.accelerator.num_processes)
+        from safetensors.torch import load_file
+
+        weights = load_file(str(folder / "head" / "head.safetensors"))
+        self._unwrapped_head().load_state_dict(weights, strict=True)
+        self.optimizer.load_state_dict(optimizer_state)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        self.micro_step = int(state["micro_step"])
+        self.tokens_seen = int(state["tokens_seen"])
+        rng = state["rng"]
+        ckpt.restore_rng_state(rng[min(self.accelerator.process_index, len(rng) - 1)])
+        logger.info("resumed from %s (step %d)", folder, self.step)
+
+    # -- training --------------------------------------------------------------------------------------------
+    def _batches(self):
+        """Micro-batches from the current data position on, epoch after epoch (deterministic order)."""
+        epoch, offset = divmod(self.micro_step, self.batches_per_epoch)
+        while True:
+            self.loader.set_epoch(epoch)
+            loader = self.accelerator.skip_first_batches(self.loader, offset) if offset else self.loader
+            yield from loader
+            epoch, offset = epoch + 1, 0
+
+    def train(self) -> dict[str, Any]:
+        """Run until ``training.max_steps`` optimizer steps; returns a summary (also saved as JSON)."""
+        acc, r, tr = self.accelerator, self.recipe, self.recipe.training
+        step_module, target = self.step_module, self.target
+        layers = self._unwrapped_head().required_layers()
+        need_logits = type(self._unwrapped_head()).needs_target_logits
+        step_module.train()
+        bar = tqdm(total=tr.max_steps, initial=self.step, desc=f"train {r.head.type}", unit="step",
+                   disable=not (self.show_progress and acc.is_local_main_process), dynamic_ncols=True)
+        window: dict[str, list[float]] = {}
+        window_tokens, window_start = 0, time.perf_counter()
+        start_tokens, start_time = self.tokens_seen, time.perf_counter()
+        last_good = None
+        batches = self._batches()
+        while self.step < tr.max_steps:
+            batch = next(batches)
+            self.micro_step += 1
+            with acc.accumulate(step_module):
+                with torch.no_grad():
+                    target_out = target(batch["input_ids"], batch["attention_mask"], layers=layers,
+                                        logits=need_logits)
+                with acc.autocast():
+                    result = step_module(batch, target_out)
+                loss = result.loss
+                if not torch.isfinite(loss.detach()):
+                    raise SpecgraftError(
+                        f"the loss became {loss.item()} at step {self.step + 1}; the last good checkpoint is "
+                        f"{last_good or 'none (no checkpoint written yet)'}; lower training.learning_rate or "
+                        "check the data")
+                acc.backward(loss)
+                if acc.sync_gradients and tr.max_grad_norm > 0:
+                    acc.clip_grad_norm_(step_module.parameters(), tr.max_grad_norm)
+                self.optimizer.step()
+                if acc.sync_gradients:
+                    self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            n_tokens = int(batch["attention_mask"].sum())
+            window_tokens += n_tokens
+            window.setdefault("loss", []).append(loss.detach())
+            for key, value in result.metrics.items():
+                window.setdefault(key, []).append(value.detach())
+            if not acc.sync_gradients:
+                continue
+            self.step += 1
+            self.tokens_seen += int(acc.reduce(torch.tensor(window_tokens, device=acc.device), "sum"))
+            bar.update(1)
+            if self.step % tr.log_every == 0 or self.step == tr.max_steps:
+                logs = {k: float(acc.reduce(torch.stack(v).float().mean(), "mean")) for k, v in window.items()}
+                elapsed = time.perf_counter() - window_start
+                logs["lr"] = self.scheduler.get_last_lr()[0]
+                logs["tokens_per_s"] = window_tokens * acc.num_processes / max(elapsed, 1e-9)
+                acc.log(logs, step=self.step)
+                bar.set_postfix(loss=f"{logs['loss']:.3f}", tok_s=f"{logs['tokens_per_s']:.0f}")
+                window, window_start = {}, time.perf_counter()
+            window_tokens = 0
+            if self.step % tr.checkpoint_every == 0 and self.step < tr.max_steps:
+                last_good = self.save_checkpoint() or last_good
+        bar.close()
+        elapsed = time.perf_counter() - start_time
+        summary = {
+            "steps": self.step,
+            "tokens_seen": self.tokens_seen,
+            "tokens_per_s": (self.tokens_seen - start_tokens) / max(elapsed, 1e-9),
+            "peak_memory_bytes": peak_memory_bytes(acc.device),
+            "num_processes": acc.num_processes,
+            **{k: v for k, v in self.data_facts.items() if isinstance(v, (int, float, str))},
+        }
+        self.save_final(summary)
+        return summary
+
+    def save_final(self, summary: dict[str, Any]) -> None:
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            self._unwrapped_head().save_pretrained(self.output_dir / "head", recipe=self.recipe,
+                                                   extra={"training": summary})
+            atomic_write_json(self.output_dir / "train_summary.json", summary)
+            logger.info("saved the head to %s", self.output_dir / "head")
+        acc.wait_for_everyone()
+
+    def cleanup(self) -> None:
+        if self.accelerator is not None:
+            self.accelerator.end_training()
+
+
+class _TrainStep(torch.nn.Module):
+    """Routes a head's training loss through ``forward`` so DDP/DeepSpeed wrappers see every step."""
+
+    def __init__(self, head: DraftHead) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, batch: dict[str, torch.Tensor], target_out: Any):
+        return self.head.training_loss(batch, target_out)
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return flat
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (int, float, str, bool)) or obj is None:
+        return obj
+    if torch.is_tensor(obj):
+        return obj.tolist()
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    return None  # functions (lr lambdas) are rebuilt from the recipe, not saved
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")

@@ -1,0 +1,58 @@
+"""Atomic writes: a file or folder either appears complete or not at all."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds.
+
+    Works for files and folders. On error the temporary is removed and ``path`` is untouched.
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=suffix + ".tmp", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    tmp.unlink()
+    try:
+        yield tmp
+        if final.is_dir() and not final.is_symlink():
+            # os.replace cannot replace a non-empty folder: move the old one aside first, then drop it.
+            old = final.with_name(f".{final.name}.old")
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    except BaseException:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif tmp.exists():
+            tmp.unlink()
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file + fsync + rename)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False, default=str) + "\n")

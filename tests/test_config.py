@@ -1,0 +1,94 @@
+"""Typed recipes: strict validation with dotted paths, suggestions, overrides, and every shipped recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specgraft.config import Recipe, apply_overrides, load_recipe, save_recipe, to_dict
+from specgraft.errors import ConfigError
+
+RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").rglob("*.yaml"))
+# recipes/accelerate/ holds accelerate launcher configs, not specgraft recipes.
+SPECGRAFT_RECIPES = [p for p in RECIPES if "accelerate" not in p.parts]
+
+MINIMAL = {"model": {"name_or_path": "org/model"}, "data": {"path": "data.jsonl"}, "output": {"dir": "out"}}
+
+
+def write(tmp_path, obj, name="r.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(obj if isinstance(obj, str) else yaml.safe_dump(obj))
+    return path
+
+
+def test_minimal_recipe_gets_defaults(tmp_path):
+    recipe = load_recipe(write(tmp_path, MINIMAL))
+    assert isinstance(recipe, Recipe)
+    assert recipe.head.type == "medusa" and recipe.head.num_heads == 3
+    assert recipe.training.adam_betas == [0.9, 0.999]
+    assert recipe.tracking.backend == "tensorboard"
+
+
+def test_unknown_key_suggests_the_nearest(tmp_path):
+    bad = {**MINIMAL, "training": {"learning_rat": 1e-3}}
+    with pytest.raises(ConfigError, match=r"unknown recipe key training\.learning_rat; did you mean training\.learning_rate"):
+        load_recipe(write(tmp_path, bad))
+    with pytest.raises(ConfigError, match=r"unknown recipe key trainig; did you mean training\?"):
+        load_recipe(write(tmp_path, {**MINIMAL, "trainig": {}}))
+
+
+def test_wrong_type_and_missing_field_name_the_dotted_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"training\.max_steps must be an integer, got a string 'many'"):
+        load_recipe(write(tmp_path, {**MINIMAL, "training": {"max_steps": "many"}}))
+    with pytest.raises(ConfigError, match=r"head\.feature_layers\[1\] must be an integer"):
+        load_recipe(write(tmp_path, {**MINIMAL, "head": {"feature_layers": [1, "x"]}}))
+    with pytest.raises(ConfigError, match=r"missing required recipe field model\.name_or_path"):
+        load_recipe(write(tmp_path, {**MINIMAL, "model": {"dtype": "float32"}}))
+    with pytest.raises(ConfigError, match=r"missing required recipe field output"):
+        load_recipe(write(tmp_path, {"model": MINIMAL["model"], "data": MINIMAL["data"]}))
+    with pytest.raises(ConfigError, match=r"head\.type must be one of medusa, eagle, eagle3, got 'eagle4'"):
+        load_recipe(write(tmp_path, {**MINIMAL, "head": {"type": "eagle4"}}))
+    with pytest.raises(ConfigError, match=r"head\.num_heads must be positive, got 0"):
+        load_recipe(write(tmp_path, {**MINIMAL, "head": {"num_heads": 0}}))
+    with pytest.raises(ConfigError, match=r"distill\.lmbda must be in \[0\.0, 1\.0\], got 1\.5"):
+        load_recipe(write(tmp_path, {**MINIMAL, "distill": {"lmbda": 1.5}}))
+
+
+def test_malformed_yaml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"not valid YAML at line \d+"):
+        load_recipe(write(tmp_path, "model:\n  name_or_path: [unclosed\n"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_recipe(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="must be a YAML mapping"):
+        load_recipe(write(tmp_path, "- a\n- b\n"))
+
+
+def test_overrides_apply_before_validation(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    recipe = load_recipe(path, ["training.max_steps=7", "head.type=eagle3", "head.feature_layers=[1,2,3]",
+                                "training.learning_rate=3e-5", "tracking.run_name=abc"])
+    assert recipe.training.max_steps == 7 and recipe.head.type == "eagle3"
+    assert recipe.head.feature_layers == [1, 2, 3] and recipe.training.learning_rate == 3e-5
+    with pytest.raises(ConfigError, match=r"unknown recipe key training\.max_step; did you mean training\.max_steps"):
+        load_recipe(path, ["training.max_step=7"])
+    with pytest.raises(ConfigError, match="not of the form key.sub=value"):
+        apply_overrides({}, ["training.max_steps"])
+
+
+def test_resolved_recipe_round_trips(tmp_path):
+    recipe = load_recipe(write(tmp_path, MINIMAL), ["head.num_heads=5"])
+    save_recipe(recipe, tmp_path / "resolved.yaml")
+    again = load_recipe(tmp_path / "resolved.yaml")
+    assert to_dict(again) == to_dict(recipe)
+
+
+def test_shipped_recipes_exist():
+    assert SPECGRAFT_RECIPES, "recipes/ must ship recipes"
+
+
+@pytest.mark.parametrize("path", SPECGRAFT_RECIPES, ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_every_shipped_recipe_validates(path):
+    recipe = load_recipe(path)
+    assert recipe.model.name_or_path and recipe.output.dir
