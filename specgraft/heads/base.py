@@ -31,6 +31,7 @@ from specgraft.utils.io import atomic_path
 HEAD_CONFIG_NAME = "head_config.json"
 HEAD_WEIGHTS_NAME = "head.safetensors"
 RECIPE_NAME = "recipe.yaml"
+ADAPTER_DIR = "adapter"  # Medusa-2's LoRA adapter (peft format) inside a head folder
 FORMAT_VERSION = 1
 
 _REGISTRY: dict[str, type[DraftHead]] = {}
@@ -216,7 +217,23 @@ def load_head(target: Target, path: str | Path) -> DraftHead:
                              f"{tuple(expected[k].shape)}; the head config and weights disagree")
     head.load_state_dict(state, strict=True)
     head.to(device=target.device)
+    if (path / ADAPTER_DIR).is_dir():
+        _merge_adapter(target, path / ADAPTER_DIR)
     return head
+
+
+def _merge_adapter(target: Target, adapter_path: Path) -> None:
+    """Medusa-2: the heads were trained with a LoRA adapter on the target; merge it so the target serves as
+    trained (the merged model is what decoding and export must use)."""
+    import logging
+
+    from peft import PeftModel
+
+    peft_model = PeftModel.from_pretrained(target.model, str(adapter_path))
+    target.model = peft_model.merge_and_unload()
+    target.model.requires_grad_(False)
+    target.model.eval()
+    logging.getLogger(__name__).info("merged the LoRA adapter %s into the target", adapter_path)
 
 
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate import Accelerator, DataLoaderConfiguration, DistributedDataParallelKwargs
 from accelerate.utils import gather_object, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -28,7 +28,7 @@ from transformers import get_scheduler
 
 from specgraft.config import Recipe, save_recipe, to_dict
 from specgraft.errors import SpecgraftError
-from specgraft.heads.base import DraftHead, head_class, trainable_parameters
+from specgraft.heads.base import DraftHead, HeadLoss, head_class, trainable_parameters
 from specgraft.target import Target, target_from_config
 from specgraft.train import checkpoint as ckpt
 from specgraft.utils.io import atomic_write_json
@@ -105,6 +105,8 @@ class HeadTrainer:
             log_with=tracker,
             project_dir=str(self.output_dir),
             dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+            # Medusa-2's adapter is unused during the heads' warm-up.
+            kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=r.lora.enabled)],
         )
         acc = self.accelerator
         set_seed(tr.seed)
@@ -143,7 +145,21 @@ class HeadTrainer:
         params = trainable_parameters(head)
         if not params:
             raise SpecgraftError(f"the {r.head.type} head has no trainable parameters; check the head recipe")
-        optimizer = torch.optim.AdamW(params, lr=tr.learning_rate, betas=tuple(tr.adam_betas), eps=tr.adam_eps,
+        groups = [{"params": params, "lr": tr.learning_rate}]
+        self.peft_model = None
+        if r.lora.enabled:
+            from specgraft.train.medusa2 import Medusa2Step, apply_lora
+
+            if r.head.type != "medusa":
+                raise SpecgraftError(f"lora (Medusa-2) needs head.type medusa, got {r.head.type}; "
+                                     "set lora.enabled=false or head.type=medusa")
+            self.peft_model = apply_lora(target, r.lora)
+            lora_params = [p for p in self.peft_model.parameters() if p.requires_grad]
+            groups.append({"params": lora_params, "lr": r.lora.learning_rate or tr.learning_rate / 4})
+            step_module = Medusa2Step(head, self.peft_model, target, r.lora)
+        else:
+            step_module = _TrainStep(head, target)
+        optimizer = torch.optim.AdamW(groups, lr=tr.learning_rate, betas=tuple(tr.adam_betas), eps=tr.adam_eps,
                                       weight_decay=tr.weight_decay)
         scheduler = get_scheduler(
             "constant_with_warmup" if tr.lr_scheduler == "constant" else tr.lr_scheduler,
@@ -158,7 +174,7 @@ class HeadTrainer:
                             collate_fn=lambda feats: pad_collate(feats, pad_id), drop_last=False)
         # The scheduler is stepped by hand once per optimizer step (accelerate would step it once per process).
         self.scheduler = scheduler
-        self.step_module, self.optimizer, self.loader = acc.prepare(_TrainStep(head), optimizer, loader)
+        self.step_module, self.optimizer, self.loader = acc.prepare(step_module, optimizer, loader)
         self.batches_per_epoch = len(self.loader)
 
         if acc.is_main_process:
@@ -167,13 +183,24 @@ class HeadTrainer:
         if tracker is not None:
             acc.init_trackers(r.tracking.project, config=_flatten(to_dict(r)),
                               init_kwargs={"wandb": {"name": r.tracking.run_name}} if tracker == "wandb" else {})
-        self.fingerprint = recipe_fingerprint(r)
         if self.resume:
             self._load_latest_checkpoint()
 
     def _check_output_dir(self) -> None:
         out = self.output_dir
-        if self.resume or not out.exists() or not any(out.iterdir()):
+        self.fingerprint = recipe_fingerprint(self.recipe)
+        if self.resume:
+            # Refuse a checkpoint of another recipe before loading anything heavy.
+            folder = ckpt.latest_good_checkpoint(out)
+            if folder is not None:
+                state = json.loads((folder / ckpt.STATE).read_text(encoding="utf-8"))
+                if state.get("recipe_fingerprint") != self.fingerprint:
+                    raise SpecgraftError(
+                        f"checkpoint {folder} was made by a different recipe (only max_steps, logging, "
+                        "checkpointing and output may change on resume); resume with the original recipe or "
+                        "start a new output.dir")
+            return
+        if not out.exists() or not any(out.iterdir()):
             return
         if self.recipe.output.overwrite:
             return
@@ -197,7 +224,6 @@ class HeadTrainer:
         if not acc.is_main_process:
             acc.wait_for_everyone()
             return None
-        head = self._unwrapped_head()
         state = {
             "step": self.step,
             "micro_step": self.micro_step,
@@ -209,7 +235,7 @@ class HeadTrainer:
         }
         path = ckpt.save_checkpoint(
             self.output_dir, self.step,
-            write_payload=lambda folder: head.save_pretrained(folder / "head", recipe=self.recipe),
+            write_payload=lambda folder: self._save_model(folder / "head"),
             optimizer_state=self.optimizer.state_dict(),
             trainer_state=state,
             keep=self.recipe.training.keep_checkpoints,
@@ -217,16 +243,20 @@ class HeadTrainer:
         acc.wait_for_everyone()
         return path
 
+    def _save_model(self, folder: Path, extra: dict[str, Any] | None = None) -> None:
+        """The head (and Medusa-2's LoRA adapter, in peft format, in ``adapter/``) into ``folder``."""
+        self._unwrapped_head().save_pretrained(folder, recipe=self.recipe, extra=extra)
+        if self.peft_model is not None:
+            from specgraft.train.medusa2 import ADAPTER_DIR
+
+            self.peft_model.save_pretrained(str(folder / ADAPTER_DIR), safe_serialization=True)
+
     def _load_latest_checkpoint(self) -> None:
         folder = ckpt.latest_good_checkpoint(self.output_dir)
         if folder is None:
             logger.info("no checkpoint in %s: starting from scratch", self.output_dir)
             return
         state, optimizer_state = ckpt.load_checkpoint_state(folder)
-        if state.get("recipe_fingerprint") != self.fingerprint:
-            raise SpecgraftError(f"checkpoint {folder} was made by a different recipe (only max_steps, logging, "
-                                 "checkpointing and output may change on resume); resume with the original recipe "
-                                 "or start a new output.dir")
         if state.get("num_processes") != self.accelerator.num_processes:
             logger.warning("resuming a %s-process run with %s processes: the data order changes",
                            state.get("num_processes"), self.accelerator.num_processes)
@@ -234,6 +264,13 @@ class HeadTrainer:
 
         weights = load_file(str(folder / "head" / "head.safetensors"))
         self._unwrapped_head().load_state_dict(weights, strict=True)
+        if self.peft_model is not None:
+            from peft import set_peft_model_state_dict
+
+            from specgraft.train.medusa2 import ADAPTER_DIR
+
+            adapter = load_file(str(folder / "head" / ADAPTER_DIR / "adapter_model.safetensors"))
+            set_peft_model_state_dict(self.peft_model, adapter)
         self.optimizer.load_state_dict(optimizer_state)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
@@ -256,9 +293,7 @@ class HeadTrainer:
     def train(self) -> dict[str, Any]:
         """Run until ``training.max_steps`` optimizer steps; returns a summary (also saved as JSON)."""
         acc, r, tr = self.accelerator, self.recipe, self.recipe.training
-        step_module, target = self.step_module, self.target
-        layers = self._unwrapped_head().required_layers()
-        need_logits = type(self._unwrapped_head()).needs_target_logits
+        step_module = self.step_module
         step_module.train()
         bar = tqdm(total=tr.max_steps, initial=self.step, desc=f"train {r.head.type}", unit="step",
                    disable=not (self.show_progress and acc.is_local_main_process), dynamic_ncols=True)
@@ -266,16 +301,14 @@ class HeadTrainer:
         window_tokens, window_start = 0, time.perf_counter()
         start_tokens, start_time = self.tokens_seen, time.perf_counter()
         last_good = None
+        steady_start, steady_tokens = None, 0
         batches = self._batches()
         while self.step < tr.max_steps:
             batch = next(batches)
             self.micro_step += 1
             with acc.accumulate(step_module):
-                with torch.no_grad():
-                    target_out = target(batch["input_ids"], batch["attention_mask"], layers=layers,
-                                        logits=need_logits)
                 with acc.autocast():
-                    result = step_module(batch, target_out)
+                    result = step_module(batch, self.step)
                 loss = result.loss
                 if not torch.isfinite(loss.detach()):
                     raise SpecgraftError(
@@ -298,6 +331,8 @@ class HeadTrainer:
                 continue
             self.step += 1
             self.tokens_seen += int(acc.reduce(torch.tensor(window_tokens, device=acc.device), "sum"))
+            if steady_start is None:  # throughput after the first (warm-up) step
+                steady_start, steady_tokens = time.perf_counter(), self.tokens_seen
             bar.update(1)
             if self.step % tr.log_every == 0 or self.step == tr.max_steps:
                 logs = {k: float(acc.reduce(torch.stack(v).float().mean(), "mean")) for k, v in window.items()}
@@ -308,7 +343,7 @@ class HeadTrainer:
                 bar.set_postfix(loss=f"{logs['loss']:.3f}", tok_s=f"{logs['tokens_per_s']:.0f}")
                 window, window_start = {}, time.perf_counter()
             window_tokens = 0
-            if self.step % tr.checkpoint_every == 0 and self.step < tr.max_steps:
+            if self.step % tr.checkpoint_every == 0 or self.step == tr.max_steps:
                 last_good = self.save_checkpoint() or last_good
         bar.close()
         elapsed = time.perf_counter() - start_time
@@ -316,6 +351,8 @@ class HeadTrainer:
             "steps": self.step,
             "tokens_seen": self.tokens_seen,
             "tokens_per_s": (self.tokens_seen - start_tokens) / max(elapsed, 1e-9),
+            "steady_tokens_per_s": ((self.tokens_seen - steady_tokens) / max(time.perf_counter() - steady_start, 1e-9)
+                                    if steady_start is not None else 0.0),
             "peak_memory_bytes": peak_memory_bytes(acc.device),
             "num_processes": acc.num_processes,
             **{k: v for k, v in self.data_facts.items() if isinstance(v, (int, float, str))},
@@ -327,8 +364,7 @@ class HeadTrainer:
         acc = self.accelerator
         acc.wait_for_everyone()
         if acc.is_main_process:
-            self._unwrapped_head().save_pretrained(self.output_dir / "head", recipe=self.recipe,
-                                                   extra={"training": summary})
+            self._save_model(self.output_dir / "head", extra={"training": summary})
             atomic_write_json(self.output_dir / "train_summary.json", summary)
             logger.info("saved the head to %s", self.output_dir / "head")
         acc.wait_for_everyone()
@@ -339,13 +375,20 @@ class HeadTrainer:
 
 
 class _TrainStep(torch.nn.Module):
-    """Routes a head's training loss through ``forward`` so DDP/DeepSpeed wrappers see every step."""
+    """One head training step (frozen target forward without grad, then the head's loss), routed through
+    ``forward`` so DDP/DeepSpeed wrappers see every step."""
 
-    def __init__(self, head: DraftHead) -> None:
+    def __init__(self, head: DraftHead, target: Target) -> None:
         super().__init__()
         self.head = head
+        object.__setattr__(self, "_target", target)  # frozen and borrowed: never wrapped, never saved
+        self.layers = head.required_layers()
+        self.need_logits = type(head).needs_target_logits
 
-    def forward(self, batch: dict[str, torch.Tensor], target_out: Any):
+    def forward(self, batch: dict[str, torch.Tensor], step: int) -> HeadLoss:
+        with torch.no_grad():
+            target_out = self._target(batch["input_ids"], batch["attention_mask"], layers=self.layers,
+                                      logits=self.need_logits)
         return self.head.training_loss(batch, target_out)
 
 
