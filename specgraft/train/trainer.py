@@ -28,7 +28,14 @@ from transformers import get_scheduler
 
 from specgraft.config import Recipe, save_recipe, to_dict
 from specgraft.errors import SpecgraftError
-from specgraft.heads.base import DraftHead, HeadLoss, head_class, trainable_parameters
+from specgraft.heads.base import (
+    ADAPTER_DIR,
+    HEAD_WEIGHTS_NAME,
+    DraftHead,
+    HeadLoss,
+    head_class,
+    trainable_parameters,
+)
 from specgraft.target import Target, target_from_config
 from specgraft.train import checkpoint as ckpt
 from specgraft.utils.io import atomic_write_json
@@ -60,10 +67,14 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
-class HeadTrainer:
-    """Train a draft head described by a :class:`~specgraft.config.Recipe`.
+class RecipeTrainer:
+    """The shared training loop (accelerate, data, AdamW + schedule, checkpoints, exact resume, logging).
 
-    Usage::
+    Subclasses say what is trained through four hooks: :meth:`build_model` (the module whose ``forward(batch,
+    step)`` returns a :class:`~specgraft.heads.base.HeadLoss`, plus optimizer parameter groups),
+    :meth:`save_model`, :meth:`load_model_state` and optionally :meth:`on_optimizer_step`.
+
+    Usage (one lifecycle per job)::
 
         trainer = HeadTrainer(recipe, resume=False)
         trainer.setup()
@@ -79,6 +90,26 @@ class HeadTrainer:
         show_progress: draw a progress bar on the main process.
     """
 
+    #: Progress-bar label.
+    label = "train"
+    #: Folder (inside output.dir) of the final result.
+    final_dir = "head"
+    #: Extra DDP setting for modules with parameters unused in some steps.
+    find_unused_parameters = False
+
+    # -- hooks -----------------------------------------------------------------------------------------------
+    def build_model(self, target: Target) -> tuple[torch.nn.Module, list[dict[str, Any]]]:
+        raise NotImplementedError
+
+    def save_model(self, folder: Path, extra: dict[str, Any] | None = None) -> None:
+        raise NotImplementedError
+
+    def load_model_state(self, folder: Path) -> None:
+        raise NotImplementedError
+
+    def on_optimizer_step(self) -> None:
+        """Called on every process after each optimizer step (e.g. periodic evaluation)."""
+
     def __init__(self, recipe: Recipe, resume: bool = False, target: Target | None = None,
                  dataset: Any = None, show_progress: bool = True) -> None:
         self.recipe = recipe
@@ -91,7 +122,7 @@ class HeadTrainer:
         self.micro_step = 0
         self.tokens_seen = 0
         self.accelerator: Accelerator | None = None
-        self.head: DraftHead | None = None
+        self.data_facts: dict[str, Any] = {}
 
     # -- setup -----------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -106,7 +137,7 @@ class HeadTrainer:
             project_dir=str(self.output_dir),
             dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
             # Medusa-2's adapter is unused during the heads' warm-up.
-            kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=r.lora.enabled)],
+            kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=self.find_unused_parameters)],
         )
         acc = self.accelerator
         set_seed(tr.seed)
@@ -133,32 +164,8 @@ class HeadTrainer:
             raise SpecgraftError(f"the training data {r.data.path} is empty after filtering; check data.path and "
                                  "that conversations have assistant turns")
 
-        cls = head_class(r.head.type)
-        head = cls.build(target, cls.config_from_recipe(r.head, target))
-        counts = self._token_counts(target.vocab_size)
-        self.data_facts = head.prepare_from_data(counts) or {}
-        for key, value in self.data_facts.items():
-            logger.info("%s: %s", key, value)
-        head.to(acc.device)
-        self.head = head
-
-        params = trainable_parameters(head)
-        if not params:
-            raise SpecgraftError(f"the {r.head.type} head has no trainable parameters; check the head recipe")
-        groups = [{"params": params, "lr": tr.learning_rate}]
-        self.peft_model = None
-        if r.lora.enabled:
-            from specgraft.train.medusa2 import Medusa2Step, apply_lora
-
-            if r.head.type != "medusa":
-                raise SpecgraftError(f"lora (Medusa-2) needs head.type medusa, got {r.head.type}; "
-                                     "set lora.enabled=false or head.type=medusa")
-            self.peft_model = apply_lora(target, r.lora)
-            lora_params = [p for p in self.peft_model.parameters() if p.requires_grad]
-            groups.append({"params": lora_params, "lr": r.lora.learning_rate or tr.learning_rate / 4})
-            step_module = Medusa2Step(head, self.peft_model, target, r.lora)
-        else:
-            step_module = _TrainStep(head, target)
+        step_module, groups = self.build_model(target)
+        step_module.to(acc.device)
         optimizer = torch.optim.AdamW(groups, lr=tr.learning_rate, betas=tuple(tr.adam_betas), eps=tr.adam_eps,
                                       weight_decay=tr.weight_decay)
         scheduler = get_scheduler(
@@ -207,7 +214,8 @@ class HeadTrainer:
         raise SpecgraftError(f"output folder {out} is not empty; pass --resume to continue that run, "
                              "output.overwrite=true to write into it, or choose another output.dir")
 
-    def _token_counts(self, vocab_size: int) -> torch.Tensor | None:
+    def token_counts(self, vocab_size: int) -> torch.Tensor | None:
+        """Counts [V] of the loss tokens in the training data."""
         try:
             from specgraft.data import token_frequencies
         except ImportError:
@@ -215,8 +223,9 @@ class HeadTrainer:
         return token_frequencies(self.dataset, vocab_size, only_loss_tokens=True)
 
     # -- checkpoints -----------------------------------------------------------------------------------------
-    def _unwrapped_head(self) -> DraftHead:
-        return self.accelerator.unwrap_model(self.step_module).head
+    def unwrapped(self) -> torch.nn.Module:
+        """The step module without its DDP/DeepSpeed wrapper."""
+        return self.accelerator.unwrap_model(self.step_module)
 
     def save_checkpoint(self) -> Path | None:
         acc = self.accelerator
@@ -235,21 +244,13 @@ class HeadTrainer:
         }
         path = ckpt.save_checkpoint(
             self.output_dir, self.step,
-            write_payload=lambda folder: self._save_model(folder / "head"),
+            write_payload=lambda folder: self.save_model(folder / "model"),
             optimizer_state=self.optimizer.state_dict(),
             trainer_state=state,
             keep=self.recipe.training.keep_checkpoints,
         )
         acc.wait_for_everyone()
         return path
-
-    def _save_model(self, folder: Path, extra: dict[str, Any] | None = None) -> None:
-        """The head (and Medusa-2's LoRA adapter, in peft format, in ``adapter/``) into ``folder``."""
-        self._unwrapped_head().save_pretrained(folder, recipe=self.recipe, extra=extra)
-        if self.peft_model is not None:
-            from specgraft.train.medusa2 import ADAPTER_DIR
-
-            self.peft_model.save_pretrained(str(folder / ADAPTER_DIR), safe_serialization=True)
 
     def _load_latest_checkpoint(self) -> None:
         folder = ckpt.latest_good_checkpoint(self.output_dir)
@@ -260,17 +261,7 @@ class HeadTrainer:
         if state.get("num_processes") != self.accelerator.num_processes:
             logger.warning("resuming a %s-process run with %s processes: the data order changes",
                            state.get("num_processes"), self.accelerator.num_processes)
-        from safetensors.torch import load_file
-
-        weights = load_file(str(folder / "head" / "head.safetensors"))
-        self._unwrapped_head().load_state_dict(weights, strict=True)
-        if self.peft_model is not None:
-            from peft import set_peft_model_state_dict
-
-            from specgraft.train.medusa2 import ADAPTER_DIR
-
-            adapter = load_file(str(folder / "head" / ADAPTER_DIR / "adapter_model.safetensors"))
-            set_peft_model_state_dict(self.peft_model, adapter)
+        self.load_model_state(folder / "model")
         self.optimizer.load_state_dict(optimizer_state)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
@@ -292,10 +283,10 @@ class HeadTrainer:
 
     def train(self) -> dict[str, Any]:
         """Run until ``training.max_steps`` optimizer steps; returns a summary (also saved as JSON)."""
-        acc, r, tr = self.accelerator, self.recipe, self.recipe.training
+        acc, tr = self.accelerator, self.recipe.training
         step_module = self.step_module
         step_module.train()
-        bar = tqdm(total=tr.max_steps, initial=self.step, desc=f"train {r.head.type}", unit="step",
+        bar = tqdm(total=tr.max_steps, initial=self.step, desc=self.label, unit="step",
                    disable=not (self.show_progress and acc.is_local_main_process), dynamic_ncols=True)
         window: dict[str, list[float]] = {}
         window_tokens, window_start = 0, time.perf_counter()
@@ -343,6 +334,7 @@ class HeadTrainer:
                 bar.set_postfix(loss=f"{logs['loss']:.3f}", tok_s=f"{logs['tokens_per_s']:.0f}")
                 window, window_start = {}, time.perf_counter()
             window_tokens = 0
+            self.on_optimizer_step()
             if self.step % tr.checkpoint_every == 0 or self.step == tr.max_steps:
                 last_good = self.save_checkpoint() or last_good
         bar.close()
@@ -364,14 +356,72 @@ class HeadTrainer:
         acc = self.accelerator
         acc.wait_for_everyone()
         if acc.is_main_process:
-            self._save_model(self.output_dir / "head", extra={"training": summary})
+            self.save_model(self.output_dir / self.final_dir, extra={"training": summary})
             atomic_write_json(self.output_dir / "train_summary.json", summary)
-            logger.info("saved the head to %s", self.output_dir / "head")
+            logger.info("saved the result to %s", self.output_dir / self.final_dir)
         acc.wait_for_everyone()
 
     def cleanup(self) -> None:
         if self.accelerator is not None:
             self.accelerator.end_training()
+
+
+class HeadTrainer(RecipeTrainer):
+    """Train a draft head (Medusa, EAGLE-1/2, EAGLE-3; Medusa-2 with ``lora.enabled``) from a recipe."""
+
+    final_dir = "head"
+
+    @property
+    def label(self) -> str:
+        return f"train {self.recipe.head.type}"
+
+    @property
+    def find_unused_parameters(self) -> bool:
+        return self.recipe.lora.enabled  # Medusa-2's adapter is unused during the heads' warm-up
+
+    def build_model(self, target: Target) -> tuple[torch.nn.Module, list[dict[str, Any]]]:
+        r, tr = self.recipe, self.recipe.training
+        cls = head_class(r.head.type)
+        head = cls.build(target, cls.config_from_recipe(r.head, target))
+        self.data_facts = head.prepare_from_data(self.token_counts(target.vocab_size)) or {}
+        for key, value in self.data_facts.items():
+            logger.info("%s: %s", key, value)
+        params = trainable_parameters(head)
+        if not params:
+            raise SpecgraftError(f"the {r.head.type} head has no trainable parameters; check the head recipe")
+        groups = [{"params": params, "lr": tr.learning_rate}]
+        self.peft_model = None
+        if r.lora.enabled:
+            from specgraft.train.medusa2 import Medusa2Step, apply_lora
+
+            if r.head.type != "medusa":
+                raise SpecgraftError(f"lora (Medusa-2) needs head.type medusa, got {r.head.type}; "
+                                     "set lora.enabled=false or head.type=medusa")
+            self.peft_model = apply_lora(target, r.lora)
+            lora_params = [p for p in self.peft_model.parameters() if p.requires_grad]
+            groups.append({"params": lora_params, "lr": r.lora.learning_rate or tr.learning_rate / 4})
+            return Medusa2Step(head, self.peft_model, target, r.lora), groups
+        return _TrainStep(head, target), groups
+
+    @property
+    def head(self) -> DraftHead:
+        return self.unwrapped().head
+
+    def save_model(self, folder: Path, extra: dict[str, Any] | None = None) -> None:
+        """The head (and Medusa-2's LoRA adapter, in peft format, in ``adapter/``) into ``folder``."""
+        self.head.save_pretrained(folder, recipe=self.recipe, extra=extra)
+        if self.peft_model is not None:
+            self.peft_model.save_pretrained(str(folder / ADAPTER_DIR), safe_serialization=True)
+
+    def load_model_state(self, folder: Path) -> None:
+        from safetensors.torch import load_file
+
+        self.head.load_state_dict(load_file(str(folder / HEAD_WEIGHTS_NAME)), strict=True)
+        if self.peft_model is not None:
+            from peft import set_peft_model_state_dict
+
+            adapter = load_file(str(folder / ADAPTER_DIR / "adapter_model.safetensors"))
+            set_peft_model_state_dict(self.peft_model, adapter)
 
 
 class _TrainStep(torch.nn.Module):
