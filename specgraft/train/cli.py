@@ -45,18 +45,35 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _launch(args: argparse.Namespace) -> int:
-    """Re-run this job under ``accelerate launch`` (one process per device)."""
+def launcher_command(module: str, num_processes: int | None, accelerate_config: str | None) -> list[str]:
+    """The command that starts ``python -m module`` once per process.
+
+    ``accelerate launch`` on machines with accelerators (or with an accelerate config); ``torchrun`` for plain
+    multi-process CPU jobs, which accelerate's own launcher would run as a single process without MPI.
+    """
+    import torch
+
+    def tool(name: str) -> str:
+        return shutil.which(name) or os.path.join(os.path.dirname(sys.executable), name)
+
+    has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    if accelerate_config or has_accelerator:
+        cmd = [tool("accelerate"), "launch"]
+        if accelerate_config:
+            cmd += ["--config_file", accelerate_config]
+        if num_processes:
+            cmd += ["--num_processes", str(num_processes)]
+        return [*cmd, "-m", module]
+    return [tool("torchrun"), "--nproc_per_node", str(num_processes or 1), "-m", module]
+
+
+def _launch(args: argparse.Namespace, module: str = "specgraft.train") -> int:
+    """Re-run this job once per process (see :func:`launcher_command`)."""
     from specgraft.config import load_recipe
 
     load_recipe(args.recipe, args.overrides)  # fail fast, before starting processes
-    accelerate = shutil.which("accelerate") or os.path.join(os.path.dirname(sys.executable), "accelerate")
-    cmd = [accelerate, "launch"]
-    if args.accelerate_config:
-        cmd += ["--config_file", args.accelerate_config]
-    if args.num_processes:
-        cmd += ["--num_processes", str(args.num_processes)]
-    cmd += ["-m", "specgraft.train", args.recipe, *args.overrides]
+    cmd = launcher_command(module, args.num_processes, args.accelerate_config)
+    cmd += [args.recipe, *args.overrides]
     if args.resume:
         cmd.append("--resume")
     if args.no_progress:

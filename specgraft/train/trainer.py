@@ -59,6 +59,11 @@ def recipe_fingerprint(recipe: Recipe) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _cpu_only_multiprocess() -> bool:
+    has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not has_accelerator
+
+
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak memory of this process: accelerator memory on GPU, max RSS on CPU."""
     if device.type == "cuda":
@@ -131,6 +136,9 @@ class RecipeTrainer:
         self._check_output_dir()
         tracker = None if r.tracking.backend == "none" else r.tracking.backend
         self.accelerator = Accelerator(
+            # Without an accelerator, a multi-process (torchrun) job is CPU data parallel over gloo; accelerate
+            # only detects it when told to use the CPU.
+            cpu=_cpu_only_multiprocess(),
             gradient_accumulation_steps=tr.gradient_accumulation_steps,
             mixed_precision=tr.mixed_precision,
             log_with=tracker,

@@ -1,0 +1,52 @@
+"""Two processes (DDP over gloo on CPU) give the same head as one process with the same global batch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from .test_trainer import tiny_run  # noqa: F401  (fixture)
+
+#: fp32 all-reduce of per-rank mean gradients vs one mean over the global batch: equal up to rounding.
+TOLERANCE = 1e-5
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(tiny_run, tmp_path):  # noqa: F811
+    _, write_recipe = tiny_run
+    training = {"max_steps": 6, "checkpoint_every": 100, "log_every": 1}
+    one = write_recipe("one.yaml", training={**training, "micro_batch_size": 4}, output={"dir": str(tmp_path / "one")})
+    two = write_recipe("two.yaml", training={**training, "micro_batch_size": 2}, output={"dir": str(tmp_path / "two")})
+
+    run = subprocess.run([sys.executable, "-m", "specgraft.train", str(one), "--no-progress"],
+                         capture_output=True, text=True, env=_env(), timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    # On CPU, accelerate's own launcher runs MULTI_CPU jobs in one process unless MPI is set up; torchrun starts
+    # real gloo processes and accelerate picks them up (it reports MULTI_CPU).
+    torchrun = Path(sys.executable).parent / "torchrun"
+    run = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29561",
+                          "-m", "specgraft.train", str(two), "--no-progress"],
+                         capture_output=True, text=True, env=_env(), timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    a = load_file(str(tmp_path / "one" / "head" / "head.safetensors"))
+    b = load_file(str(tmp_path / "two" / "head" / "head.safetensors"))
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst <= TOLERANCE, f"1-process and 2-process heads differ by {worst}"
+    # Training did move the weights, so the comparison is meaningful.
+    assert any(not torch.equal(a[k], torch.zeros_like(a[k])) for k in a if "blocks" in k or "layers" in k)
+    import json
+
+    summary = json.loads((tmp_path / "two" / "train_summary.json").read_text())
+    assert summary["num_processes"] == 2
