@@ -114,7 +114,13 @@ def optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any
         state.setdefault(int(idx), {})[name] = value
     for idx, values in meta.get("scalars", {}).items():
         state.setdefault(int(idx), {}).update(values)
-    return {"state": state, "param_groups": meta["param_groups"]}
+    groups = []
+    for group in meta["param_groups"]:
+        group = dict(group)
+        if isinstance(group.get("betas"), list):  # JSON turns torch's tuple into a list
+            group["betas"] = tuple(group["betas"])
+        groups.append(group)
+    return {"state": state, "param_groups": groups}
 
 
 def capture_rng_state() -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration, DistributedDataParallelKwargs
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import DistributedType, gather_object, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
@@ -41,6 +41,9 @@ from specgraft.train import checkpoint as ckpt
 from specgraft.utils.io import atomic_write_json
 
 logger = logging.getLogger(__name__)
+
+#: Inside a checkpoint: DeepSpeed's own engine checkpoint (partitioned optimizer state), when DeepSpeed is used.
+DEEPSPEED_DIR = "deepspeed"
 
 #: Recipe fields that may change between a run and its resumption without changing what is trained.
 RESUMABLE_CHANGES = ("training.max_steps", "training.checkpoint_every", "training.keep_checkpoints",
@@ -162,8 +165,7 @@ class RecipeTrainer:
         if self.dataset is None:
             from specgraft.data import build_dataset
 
-            with acc.main_process_first():
-                splits = build_dataset(r.data, target.tokenizer)
+            splits = build_dataset(r.data, target.tokenizer)  # coordinates processes itself
             self.dataset = splits["train"]
             self.eval_dataset = splits.get("eval") if hasattr(splits, "get") else None
         else:
@@ -235,12 +237,28 @@ class RecipeTrainer:
         """The step module without its DDP/DeepSpeed wrapper."""
         return self.accelerator.unwrap_model(self.step_module)
 
+    @property
+    def uses_deepspeed(self) -> bool:
+        return self.accelerator.distributed_type == DistributedType.DEEPSPEED
+
     def save_checkpoint(self) -> Path | None:
         acc = self.accelerator
         rng_states = gather_object([ckpt.capture_rng_state()])  # every rank's RNG, written by rank 0
+        staging = None
+        if self.uses_deepspeed:
+            # DeepSpeed's partitioned optimizer state is saved collectively in its own format; it is moved into
+            # the checkpoint (and covered by its manifest) below.
+            staging = self.output_dir / ckpt.CHECKPOINTS_DIR / f".deepspeed-staging-{self.step}"
+            acc.save_state(str(staging))
+            acc.wait_for_everyone()
         if not acc.is_main_process:
             acc.wait_for_everyone()
             return None
+
+        def write_payload(folder: Path) -> None:
+            self.save_model(folder / "model")
+            if staging is not None:
+                os.replace(staging, folder / DEEPSPEED_DIR)
         state = {
             "step": self.step,
             "micro_step": self.micro_step,
@@ -252,8 +270,8 @@ class RecipeTrainer:
         }
         path = ckpt.save_checkpoint(
             self.output_dir, self.step,
-            write_payload=lambda folder: self.save_model(folder / "model"),
-            optimizer_state=self.optimizer.state_dict(),
+            write_payload=write_payload,
+            optimizer_state={"state": {}, "param_groups": []} if staging else self.optimizer.state_dict(),
             trainer_state=state,
             keep=self.recipe.training.keep_checkpoints,
         )
@@ -266,11 +284,17 @@ class RecipeTrainer:
             logger.info("no checkpoint in %s: starting from scratch", self.output_dir)
             return
         state, optimizer_state = ckpt.load_checkpoint_state(folder)
+        if self.uses_deepspeed:
+            if not (folder / DEEPSPEED_DIR).is_dir():
+                raise SpecgraftError(f"checkpoint {folder} was not written by a DeepSpeed run; resume it with the "
+                                     "accelerate config it was trained with")
+            self.accelerator.load_state(str(folder / DEEPSPEED_DIR))
         if state.get("num_processes") != self.accelerator.num_processes:
             logger.warning("resuming a %s-process run with %s processes: the data order changes",
                            state.get("num_processes"), self.accelerator.num_processes)
         self.load_model_state(folder / "model")
-        self.optimizer.load_state_dict(optimizer_state)
+        if not self.uses_deepspeed:
+            self.optimizer.load_state_dict(optimizer_state)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
         self.micro_step = int(state["micro_step"])

@@ -1,0 +1,553 @@
+"""Rewrite assistant turns with the target (self-distillation data).
+
+For every conversation and every assistant turn in order, the target writes a new reply given the conversation so
+far (with its own earlier replies); a conversation ending with a user turn also gets a reply. Training draft heads on
+the target's own replies matches what they will see when serving, which matters a lot for chat targets.
+
+The output is JSON lines ``{"id": <source row>, "messages": [...]}`` in id order, readable as training data
+(``format: messages``). The run is resumable: rows are appended to per-process part files in ``<out>.parts/`` as
+complete lines, fsynced after each batch; a rerun skips the ids already written and ignores a torn last line. With
+several processes (``torchrun --nproc_per_node N`` or ``accelerate launch``) rows are sharded across them; the main
+process merges the parts into ``<out>`` atomically once all rows are done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from specgraft.data.tokenize import prompt_ids, stop_token_ids, tokenizer_key, with_system_prompt
+from specgraft.errors import SpecgraftError
+from specgraft.utils.io import atomic_path, atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+#: Rows read ahead and sorted by length, so batches hold similar lengths (less padding).
+WINDOW_BATCHES = 16
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class RegenerateStats:
+    """What a regeneration run did (summed over processes)."""
+
+    rows: int = 0
+    """Conversations written by this run."""
+    skipped: int = 0
+    """Conversations already written by an earlier, interrupted run."""
+    replies: int = 0
+    new_tokens: int = 0
+    truncated_replies: int = 0
+    """Replies that hit max_new_tokens before an end-of-turn token."""
+    cut_conversations: int = 0
+    """Conversations cut short because the prompt plus max_new_tokens exceeded the model's positions."""
+    seconds: float = 0.0
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        return (
+            f"regenerated {self.rows} conversations ({self.replies} replies, {self.new_tokens} new tokens"
+            f"{f', {self.skipped} done earlier' if self.skipped else ''}) in {self.seconds:.1f}s: "
+            f"{self.rows_per_s:.2f} rows/s, {self.tokens_per_s:.1f} tokens/s"
+            f"{f'; {self.truncated_replies} replies hit max_new_tokens' if self.truncated_replies else ''}"
+            f"{f'; {self.cut_conversations} conversations cut at the context limit' if self.cut_conversations else ''}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specgraft regenerate``."""
+    parser.add_argument("--model", required=True, help="Target model: a local folder (save_pretrained) or Hub id.")
+    parser.add_argument("--data", required=True, help="Conversations: ShareGPT/messages JSON(L), or a saved dataset.")
+    parser.add_argument("--out", required=True, help="Output JSONL file (resumable: rerun the same command).")
+    parser.add_argument("--format", default="auto", choices=("auto", "sharegpt", "messages", "disk"),
+                        help="Input format (default: detected).")
+    parser.add_argument("--batch-size", type=int, default=8, help="Conversations generated together (default 8).")
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="Longest reply in tokens (default 512).")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples.")
+    parser.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling mass when sampling (default 1).")
+    parser.add_argument("--seed", type=int, default=0, help="Seed for --num-samples selection and sampling.")
+    parser.add_argument("--num-samples", type=int, default=None, help="Regenerate only this many (seeded) rows.")
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                        help="Weights dtype (auto: bfloat16 on a GPU that supports it, float32 otherwise).")
+    parser.add_argument("--system-prompt", default=None, help="Prepended as a system turn where none exists.")
+    parser.add_argument("--no-chat-template", action="store_true",
+                        help="Use plain User:/Assistant: lines even if the tokenizer has a chat template.")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``specgraft regenerate``: load the target and the data, regenerate, report throughput."""
+    from specgraft.data.readers import is_conversations, load_records, subsample
+
+    for name in ("batch_size", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            raise SpecgraftError(f"--{name.replace('_', '-')} is {getattr(args, name)}; use a positive number")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise SpecgraftError("--temperature must be >= 0 and --top-p in (0, 1]; fix the arguments")
+    if args.num_samples is not None and args.num_samples < 1:
+        raise SpecgraftError(f"--num-samples is {args.num_samples}; use a positive count")
+    state = partial_state()
+    model, tokenizer = load_model(args.model, args.dtype, state.device)
+    with state.main_process_first():
+        records = load_records(args.data, args.format)
+    if not is_conversations(records):
+        raise SpecgraftError(f"{args.data} holds plain text; regenerate needs conversations (ShareGPT or messages)")
+    records = subsample(records, args.num_samples, args.seed)
+    stats = regenerate(
+        model,
+        tokenizer,
+        records,
+        args.out,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        use_chat_template=not args.no_chat_template,
+        system_prompt=args.system_prompt,
+        settings={"data": str(Path(args.data).resolve()), "format": args.format, "num_samples": args.num_samples},
+    )
+    if state.is_main_process:
+        print(stats.summary())
+        print(f"wrote {args.out}")
+    return 0
+
+
+def partial_state() -> Any:
+    """accelerate's process state; CPU-only multi-process launches (torchrun, gloo) are recognised as such.
+
+    accelerate treats a torchrun launch without a GPU as single-process unless asked for CPU explicitly.
+    """
+    import torch
+    from accelerate import PartialState
+
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or int(os.environ.get("LOCAL_RANK", "-1")) != -1
+    return PartialState(cpu=launched and not torch.cuda.is_available())
+
+
+def load_model(path: str, dtype: str = "auto", device: Any = None) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer for generation (fp32 on CPU unless asked otherwise).
+
+    Raises:
+        SpecgraftError: the path does not exist, or transformers cannot load it.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = Path(path).expanduser()
+    if not local.exists() and (path.startswith((".", "/", "~")) or path.count("/") > 1):
+        raise SpecgraftError(f"model path {path} does not exist; pass --model a folder saved with save_pretrained "
+                             "or a Hub id")
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if dtype == "auto":
+        on_bf16_gpu = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        torch_dtype = torch.bfloat16 if on_bf16_gpu else torch.float32
+    else:
+        torch_dtype = getattr(torch, dtype)
+    name = str(local) if local.exists() else path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype)
+    except (OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise SpecgraftError(f"could not load model {path} ({first}); check --model") from None
+    return model.to(device).eval(), tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# API
+
+
+def regenerate(
+    model: Any,
+    tokenizer: Any,
+    records: Any,
+    out_path: str | os.PathLike,
+    *,
+    batch_size: int = 8,
+    max_new_tokens: int = 512,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    use_chat_template: bool = True,
+    system_prompt: str | None = None,
+    show_progress: bool = True,
+    settings: Mapping[str, Any] | None = None,
+) -> RegenerateStats:
+    """Have ``model`` rewrite every assistant turn of ``records`` and write the result to ``out_path`` (JSONL).
+
+    Call it in every process of a multi-process launch: rows are sharded by ``accelerate.PartialState``.
+
+    Args:
+        model: a transformers causal LM (on its device, eval mode).
+        tokenizer: its tokenizer.
+        records: normalised conversations (a Dataset from :func:`~specgraft.data.readers.load_records`, or dicts
+            with ``messages`` and an int ``row`` or ``id``; the position is the id when both are absent).
+        out_path: the JSONL file to write; ``<out_path>.parts/`` holds the work in progress.
+        batch_size: conversations generated together (left padding).
+        max_new_tokens: longest reply.
+        temperature: 0 for greedy decoding, else the sampling temperature.
+        top_p: nucleus mass when sampling.
+        seed: sampling seed (each batch and turn derives its own, so a run with the same layout repeats exactly).
+        use_chat_template: render prompts with the tokenizer's chat template when it has one.
+        system_prompt: prepended as a system turn where none exists (and written into the output).
+        show_progress: tqdm progress bar on the main process.
+        settings: extra identity of the run (e.g. the data path); a resume with other settings is refused.
+
+    Returns:
+        Statistics summed over processes, with rows/s and tokens/s.
+
+    Raises:
+        SpecgraftError: ``out_path`` has unfinished work from a run with other settings, or duplicate ids.
+    """
+    import torch
+    from accelerate.utils import gather_object
+    from tqdm.auto import tqdm
+
+    state = partial_state()
+    rank, world = state.process_index, state.num_processes
+    source = _Records(records)
+    out = Path(out_path)
+    parts = out.with_name(out.name + ".parts")
+    if out.exists() and not parts.exists():
+        logger.info("%s is complete already; delete it to regenerate", out)
+        return RegenerateStats(skipped=len(source))
+
+    # Identity of the work in progress: a resume must continue exactly the same job.
+    run_settings = {
+        "model_key": model_key(model),
+        "tokenizer": tokenizer_key(tokenizer),
+        "records": source.content_hash(),
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p if temperature > 0 else None,
+        "seed": seed if temperature > 0 else None,
+        "use_chat_template": use_chat_template,
+        "system_prompt": system_prompt,
+        **dict(settings or {}),
+    }
+    parts.mkdir(parents=True, exist_ok=True)
+    _check_resume_settings(parts, run_settings, out)
+    own = parts / f"rank{rank:05d}-of-{world:05d}.jsonl"
+    _drop_torn_tail(own)
+    done = set(_read_parts(parts))
+    # Everyone must have read the same "done" set before anyone appends, or the sharding would differ.
+    state.wait_for_everyone()
+    if state.is_main_process and not (parts / "meta.json").exists():
+        atomic_write_json(parts / "meta.json", run_settings)
+
+    pending = [i for i in sorted(source.ids) if i not in done]
+    mine = pending[rank::world]
+    device = next(model.parameters()).device
+    gen = _Generator(model, tokenizer, max_new_tokens, temperature, top_p, use_chat_template)
+    local = RegenerateStats(skipped=len(done) if state.is_main_process else 0)
+    started = time.perf_counter()
+    bar = tqdm(total=len(mine), desc="regenerating", unit="conv", disable=not (show_progress and state.is_main_process))
+    with open(own, "a", encoding="utf-8") as fh:
+        for window in _chunks(mine, batch_size * WINDOW_BATCHES):
+            convs = {i: with_system_prompt(source.messages(i), system_prompt) for i in window}
+            # Longest first: similar lengths share a batch, and an out-of-memory shows up at once.
+            ordered = sorted(window, key=lambda i: -sum(len(m["content"]) for m in convs[i]))
+            for batch_ids in _chunks(ordered, batch_size):
+                batch_seed = _derive_seed(seed, batch_ids[0])
+                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                    results = gen.conversations([convs[i] for i in batch_ids], batch_seed, local)
+                lines = [json.dumps({"id": i, "messages": msgs}, ensure_ascii=False) + "\n"
+                         for i, msgs in zip(batch_ids, results)]
+                fh.write("".join(lines))
+                fh.flush()
+                os.fsync(fh.fileno())
+                local.rows += len(batch_ids)
+                bar.update(len(batch_ids))
+    bar.close()
+    local.seconds = time.perf_counter() - started
+
+    state.wait_for_everyone()
+    gathered = gather_object([asdict(local)]) if world > 1 else [asdict(local)]
+    total = RegenerateStats()
+    for item in gathered:
+        for key, value in item.items():
+            setattr(total, key, max(total.seconds, value) if key == "seconds" else getattr(total, key) + value)
+    if state.is_main_process:
+        _merge(parts, out, source.ids)
+        logger.info("%s", total.summary())
+    state.wait_for_everyone()
+    return total
+
+
+def model_key(model: Any) -> str:
+    """A hash identifying a model's weights: its config plus a strided sample of every parameter tensor."""
+    import torch
+
+    h = hashlib.sha256(model.config.to_json_string(use_diff=False).encode("utf-8"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            flat = p.detach().reshape(-1)
+            # A strided sample identifies weights without hashing every byte of a multi-GB model.
+            sample = flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy()
+            h.update(name.encode("utf-8"))
+            h.update(sample.tobytes())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# generation
+
+
+class _Generator:
+    """Batched, left-padded generation of one reply per conversation and turn."""
+
+    def __init__(
+        self, model: Any, tokenizer: Any, max_new_tokens: int, temperature: float, top_p: float,
+        use_chat_template: bool,
+    ) -> None:
+        from transformers import GenerationConfig
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.use_chat_template = use_chat_template
+        self.max_new_tokens = max_new_tokens
+        self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None), use_chat_template)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (self.stop_ids[0] if self.stop_ids else 0)
+        head = model.get_output_embeddings()
+        vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+        # Rows past the tokenizer (padding of the embedding matrix) are never real text: never emit them.
+        suppress = list(range(len(tokenizer), vocab)) or None
+        sampling = temperature > 0
+        # Every knob set explicitly, so the model's own generation defaults (top_k, repetition penalty) stay out.
+        self.config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=sampling,
+            temperature=temperature if sampling else None,
+            top_p=top_p if sampling else None,
+            top_k=0 if sampling else None,
+            repetition_penalty=1.0,
+            eos_token_id=self.stop_ids or None,
+            pad_token_id=self.pad_id,
+            suppress_tokens=suppress,
+        )
+        limit = getattr(model.config, "max_position_embeddings", None)
+        self.max_positions = int(limit) if limit else None
+
+    def conversations(
+        self, convs: Sequence[list[dict[str, str]]], seed: int, stats: RegenerateStats
+    ) -> list[list[dict[str, str]]]:
+        """New messages for each conversation: assistant turns rewritten in order (plus a final reply)."""
+        msgs = [list(c) for c in convs]
+        slots = [_reply_slots(c) for c in msgs]
+        step = 0
+        while True:
+            active = [c for c in range(len(msgs)) if step < len(slots[c])]
+            if not active:
+                return msgs
+            prompts, keep = [], []
+            for c in active:
+                slot = slots[c][step]
+                ids = prompt_ids(self.tokenizer, msgs[c][:slot], use_chat_template=self.use_chat_template)
+                if self.max_positions and len(ids) + self.max_new_tokens > self.max_positions:
+                    msgs[c] = _cut(msgs[c], slot)
+                    slots[c] = []
+                    stats.cut_conversations += 1
+                    continue
+                prompts.append(ids)
+                keep.append(c)
+            if keep:
+                replies = self.generate(prompts, _derive_seed(seed, step), stats)
+                for c, reply in zip(keep, replies):
+                    slot = slots[c][step]
+                    turn = {"role": "assistant", "content": reply}
+                    if slot == len(msgs[c]):
+                        msgs[c].append(turn)
+                    else:
+                        msgs[c][slot] = turn
+            step += 1
+
+    def generate(self, prompts: Sequence[Sequence[int]], seed: int, stats: RegenerateStats) -> list[str]:
+        """One reply per prompt (token ids); ``seed`` seeds sampling."""
+        import torch
+
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # [B, T]
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, T]
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attention_mask[i, width - len(p):] = 1
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                generation_config=self.config,
+            )
+        new = out[:, width:].tolist()  # [B, <= max_new_tokens]
+        replies = []
+        stops = set(self.stop_ids)
+        for tokens in new:
+            end = next((k for k, t in enumerate(tokens) if t in stops), None)
+            if end is None:
+                stats.truncated_replies += 1
+                stats.new_tokens += len(tokens)
+            else:
+                stats.new_tokens += end + 1
+                tokens = tokens[:end]
+            replies.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
+        stats.replies += len(prompts)
+        return replies
+
+
+def _reply_slots(messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """Message indices the target writes: every assistant turn, plus a new one after a final user turn."""
+    slots = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if messages and messages[-1]["role"] == "user":
+        slots.append(len(messages))
+    return slots
+
+
+def _cut(messages: list[dict[str, str]], slot: int) -> list[dict[str, str]]:
+    """The conversation before ``slot``, ending at its last reply when it has one."""
+    head = messages[:slot]
+    last = max((i for i, m in enumerate(head) if m["role"] == "assistant"), default=None)
+    return head[: last + 1] if last is not None else head
+
+
+def _derive_seed(seed: int, *parts: int) -> int:
+    digest = hashlib.sha256(json.dumps([seed, *parts]).encode()).hexdigest()
+    return int(digest[:15], 16)
+
+
+def _chunks(items: Sequence[int], size: int) -> Iterable[list[int]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# records, part files, merging
+
+
+class _Records:
+    """Uniform access to records given as a Dataset or a list of dicts: ids and messages by id."""
+
+    def __init__(self, records: Any) -> None:
+        self.records = records
+        columns = getattr(records, "column_names", None)
+        if columns is not None:
+            if "messages" not in columns:
+                raise SpecgraftError("regenerate needs conversation records with a messages column")
+            ids = list(records["row"]) if "row" in columns else list(range(len(records)))
+        else:
+            ids = [int(r.get("row", r.get("id", i))) for i, r in enumerate(records)]
+        self.ids = [int(i) for i in ids]
+        if len(set(self.ids)) != len(self.ids):
+            raise SpecgraftError("regenerate got records with duplicate ids; give each conversation its own row id")
+        self.position = {i: p for p, i in enumerate(self.ids)}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def content_hash(self) -> str:
+        """A hash of every id and conversation (a resume must see the same data)."""
+        h = hashlib.sha256(json.dumps(self.ids).encode("utf-8"))
+        if hasattr(self.records, "iter"):
+            batches = (b["messages"] for b in self.records.select_columns(["messages"]).iter(batch_size=1000))
+        else:
+            batches = iter([[r["messages"] for r in self.records]])
+        for batch in batches:
+            h.update(json.dumps(batch, ensure_ascii=False, default=str).encode("utf-8"))
+        return h.hexdigest()
+
+    def messages(self, row_id: int) -> list[dict[str, str]]:
+        return [{"role": m["role"], "content": m["content"]} for m in self.records[self.position[row_id]]["messages"]]
+
+
+def _check_resume_settings(parts: Path, settings: Mapping[str, Any], out: Path) -> None:
+    meta = parts / "meta.json"
+    if not meta.exists():
+        return
+    try:
+        previous = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return  # an unreadable meta (killed mid-write cannot happen: atomic) is rewritten
+    normalised = json.loads(json.dumps(dict(settings), default=str))
+    changed = sorted(k for k in set(previous) | set(normalised) if previous.get(k) != normalised.get(k))
+    if changed:
+        raise SpecgraftError(
+            f"{parts} holds an unfinished run with other settings ({', '.join(changed)} differ); rerun with the "
+            f"same settings to resume, or delete {parts} (or choose another --out than {out.name}) to start over"
+        )
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a part file back to its last complete line (a run killed mid-write leaves a torn one)."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    keep = data.rfind(b"\n") + 1
+    if keep != len(data):
+        with open(path, "r+b") as fh:
+            fh.truncate(keep)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def _read_parts(parts: Path) -> dict[int, str]:
+    """id -> JSON line of every complete, valid row in the part files (first occurrence wins)."""
+    rows: dict[int, str] = {}
+    for part in sorted(parts.glob("rank*-of-*.jsonl")):
+        data = part.read_bytes()
+        # The piece after the last newline is empty or a torn line: never a row.
+        for raw in data.split(b"\n")[:-1]:
+            try:
+                line = raw.decode("utf-8")
+                obj = json.loads(line)
+                row_id = int(obj["id"])
+                if not isinstance(obj["messages"], list):
+                    continue
+            except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+            rows.setdefault(row_id, line)
+    return rows
+
+
+def _merge(parts: Path, out: Path, ids: Sequence[int]) -> None:
+    rows = _read_parts(parts)
+    missing = [i for i in ids if i not in rows]
+    if missing:
+        raise SpecgraftError(
+            f"{len(missing)} rows (e.g. id {missing[0]}) are missing from {parts} after generation; rerun the "
+            "same command to finish them"
+        )
+    with atomic_path(out) as tmp:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for i in sorted(ids):
+                fh.write(rows[i] + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    shutil.rmtree(parts)
+
+
+if __name__ == "__main__":  # `python -m specgraft.data.regenerate ...` (e.g. under torchrun) = `specgraft regenerate`
+    import sys
+
+    from specgraft.cli import main
+
+    sys.exit(main(["regenerate", *sys.argv[1:]]))
