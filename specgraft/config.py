@@ -214,7 +214,7 @@ class TrainingConfig:
     """online (target forward each step) | offline (precomputed feature cache)."""
     feature_cache_dir: str | None = None
     feature_dtype: str = "bfloat16"
-    """Storage dtype of an offline feature cache: bfloat16 | float16."""
+    """Storage dtype of an offline feature cache: bfloat16 | float16 (float32: exact, for tests and debugging)."""
 
     def validate(self, path: str) -> None:
         _check_positive(f"{path}.max_steps", self.max_steps)
@@ -233,7 +233,7 @@ class TrainingConfig:
         _check_choice(f"{path}.lr_scheduler", self.lr_scheduler, ("cosine", "linear", "constant"))
         _check_choice(f"{path}.mixed_precision", self.mixed_precision, ("no", "bf16", "fp16"))
         _check_choice(f"{path}.features", self.features, ("online", "offline"))
-        _check_choice(f"{path}.feature_dtype", self.feature_dtype, ("bfloat16", "float16"))
+        _check_choice(f"{path}.feature_dtype", self.feature_dtype, ("bfloat16", "float16", "float32"))
 
 
 @dataclass

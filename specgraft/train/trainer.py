@@ -9,6 +9,7 @@ data position). Only the main process writes files.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -36,7 +37,7 @@ from specgraft.heads.base import (
     head_class,
     trainable_parameters,
 )
-from specgraft.target import Target, target_from_config
+from specgraft.target import Target, TargetOutput, target_from_config
 from specgraft.train import checkpoint as ckpt
 from specgraft.utils.io import atomic_write_json
 
@@ -176,6 +177,9 @@ class RecipeTrainer:
 
         step_module, groups = self.build_model(target)
         step_module.to(acc.device)
+        collate = None
+        if tr.features == "offline":
+            collate = self._use_offline_features(target)
         optimizer = torch.optim.AdamW(groups, lr=tr.learning_rate, betas=tuple(tr.adam_betas), eps=tr.adam_eps,
                                       weight_decay=tr.weight_decay)
         scheduler = get_scheduler(
@@ -186,9 +190,14 @@ class RecipeTrainer:
 
         pad_id = target.tokenizer.pad_token_id if target.tokenizer is not None else None
         pad_id = 0 if pad_id is None else pad_id
+        if collate is None:
+            def collate(feats):
+                return pad_collate(feats, pad_id)
+        else:
+            collate = functools.partial(collate, pad_token_id=pad_id)
         loader = DataLoader(self.dataset.with_format("torch") if hasattr(self.dataset, "with_format")
                             else self.dataset, batch_size=tr.micro_batch_size, shuffle=True,
-                            collate_fn=lambda feats: pad_collate(feats, pad_id), drop_last=False)
+                            collate_fn=collate, drop_last=False)
         # The scheduler is stepped by hand once per optimizer step (accelerate would step it once per process).
         self.scheduler = scheduler
         self.step_module, self.optimizer, self.loader = acc.prepare(step_module, optimizer, loader)
@@ -223,6 +232,38 @@ class RecipeTrainer:
             return
         raise SpecgraftError(f"output folder {out} is not empty; pass --resume to continue that run, "
                              "output.overwrite=true to write into it, or choose another output.dir")
+
+    def feature_layers(self) -> tuple[tuple[int, ...], bool]:
+        """(target layers the model reads, whether it needs the target's logits) for an offline feature cache."""
+        raise SpecgraftError(f"{type(self).__name__} does not support training.features=offline; use online")
+
+    def _use_offline_features(self, target: Target):
+        """Build (main process, resumable) or open the feature cache and train from it."""
+        from specgraft.train.features import (
+            CachedFeatureDataset,
+            build_feature_cache,
+            cache_layers,
+            collate_with_features,
+            open_feature_cache,
+        )
+
+        tr = self.recipe.training
+        layers, needs_logits = self.feature_layers()
+        stored = cache_layers(layers, needs_logits, target.num_layers)
+        cache_dir = Path(tr.feature_cache_dir or self.output_dir / "features")
+        with self.accelerator.main_process_first():
+            if self.accelerator.is_main_process:
+                build_feature_cache(target, self.dataset, cache_dir, stored, dtype=tr.feature_dtype,
+                                    show_progress=self.show_progress)
+            cache = open_feature_cache(cache_dir, target, stored)
+        info = cache.info
+        self.data_facts.update({"feature_cache_bytes": info.bytes,
+                                "feature_cache_bytes_per_token": round(info.bytes_per_token, 1),
+                                "eagle1_fp16_bytes_per_token": info.eagle1_bytes_per_token})
+        logger.info("training from the feature cache %s (%.1f B/token vs EAGLE-1's %d)", cache_dir,
+                    info.bytes_per_token, info.eagle1_bytes_per_token)
+        self.dataset = CachedFeatureDataset(self.dataset, cache)
+        return collate_with_features
 
     def token_counts(self, vocab_size: int) -> torch.Tensor | None:
         """Counts [V] of the loss tokens in the training data."""
@@ -415,6 +456,7 @@ class HeadTrainer(RecipeTrainer):
         r, tr = self.recipe, self.recipe.training
         cls = head_class(r.head.type)
         head = cls.build(target, cls.config_from_recipe(r.head, target))
+        self._built_head = head
         self.data_facts = head.prepare_from_data(self.token_counts(target.vocab_size)) or {}
         for key, value in self.data_facts.items():
             logger.info("%s: %s", key, value)
@@ -434,6 +476,10 @@ class HeadTrainer(RecipeTrainer):
             groups.append({"params": lora_params, "lr": r.lora.learning_rate or tr.learning_rate / 4})
             return Medusa2Step(head, self.peft_model, target, r.lora), groups
         return _TrainStep(head, target), groups
+
+    def feature_layers(self) -> tuple[tuple[int, ...], bool]:
+        head = self._built_head
+        return tuple(head.required_layers()), type(head).needs_target_logits
 
     @property
     def head(self) -> DraftHead:
@@ -467,10 +513,16 @@ class _TrainStep(torch.nn.Module):
         self.layers = head.required_layers()
         self.need_logits = type(head).needs_target_logits
 
-    def forward(self, batch: dict[str, torch.Tensor], step: int) -> HeadLoss:
+    def forward(self, batch: dict[str, Any], step: int) -> HeadLoss:
         with torch.no_grad():
-            target_out = self._target(batch["input_ids"], batch["attention_mask"], layers=self.layers,
-                                      logits=self.need_logits)
+            if "features" in batch:  # offline: cached hidden states; logits recomputed with the frozen lm_head
+                cached = batch["features"]
+                logits = self._target.logits_from_hidden(cached[self._target.num_layers]) if self.need_logits \
+                    else None
+                target_out = TargetOutput(logits=logits, hidden_states={i: cached[i] for i in self.layers})
+            else:
+                target_out = self._target(batch["input_ids"], batch["attention_mask"], layers=self.layers,
+                                          logits=self.need_logits)
         return self.head.training_loss(batch, target_out)
 
 
