@@ -24,12 +24,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--accelerate-config", default=None,
                         help="An accelerate config file (DDP, DeepSpeed, FSDP; see recipes/accelerate/).")
     parser.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="Check the recipe end to end on a tiny random model of the target's architecture "
+                             "(one step, nothing downloaded or written).")
 
 
 def run(args: argparse.Namespace) -> int:
+    from specgraft.config import load_recipe
+
+    if args.dry_run:
+        from specgraft.train.dry_run import dry_run_recipe
+
+        summary = dry_run_recipe(load_recipe(args.recipe, args.overrides))
+        print(f"dry run ok: {args.recipe} on a tiny random {summary['model_type']} "
+              f"({summary['stand_in_layers']} layers): {summary['trainable_parameters']:,} trainable parameters, "
+              f"{summary['optimizer_groups']} optimizer group(s), {summary['steps']} step")
+        return 0
     if args.num_processes or args.accelerate_config:
         return _launch(args)
-    from specgraft.config import load_recipe
     from specgraft.train.trainer import HeadTrainer
 
     recipe = load_recipe(args.recipe, args.overrides)

@@ -1,0 +1,29 @@
+"""Every shipped head-training recipe runs one step against a tiny random model of its target's architecture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specgraft.cli import main as cli_main
+from specgraft.errors import SpecgraftError
+from specgraft.train.dry_run import guess_model_type
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+HEAD_RECIPES = sorted(p for family in ("medusa", "eagle", "eagle3") for p in (RECIPES / family).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", HEAD_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_recipe_dry_run(recipe, capsys):
+    assert cli_main(["train", str(recipe), "--dry-run"]) == 0
+    assert "dry run ok" in capsys.readouterr().out
+
+
+def test_model_type_guess():
+    assert guess_model_type("meta-llama/Llama-3.1-8B-Instruct") == "llama"
+    assert guess_model_type("Qwen/Qwen3-8B") == "qwen3"
+    assert guess_model_type("Qwen/Qwen2.5-0.5B") == "qwen2"
+    assert guess_model_type("google/gemma-2-9b-it") == "gemma2"
+    with pytest.raises(SpecgraftError, match="cannot tell the architecture"):
+        guess_model_type("org/mystery-model")
