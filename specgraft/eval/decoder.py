@@ -1,0 +1,383 @@
+"""A lossless speculative decoder for stock transformers causal LMs (batch size 1).
+
+Each step: the drafter proposes a tree below the root (the last accepted token); the target runs ONE forward over
+``[root] + nodes`` with explicit ``position_ids`` (prefix length + depth) and a 4D additive tree mask on top of its
+``DynamicCache``; verification (greedy, or lossless rejection sampling) picks the accepted path and a bonus token;
+the cache keeps only the root's and the accepted nodes' keys/values. With ``drafter=None`` the tree is empty and the
+same loop is plain autoregressive decoding, so baseline and speculative runs count tokens and forwards identically.
+
+Batch size > 1 is out of scope: a batch of prompts would accept paths of different lengths per row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specgraft.errors import SpecgraftError
+from specgraft.eval import kv
+from specgraft.eval.drafter import DraftContext, Drafter
+from specgraft.eval.tree import (
+    DraftTree,
+    children_table,
+    is_chain,
+    prune_to_depth,
+    verification_inputs,
+    visibility,
+)
+from specgraft.eval.verify import SamplingParams, process_logits, verify_greedy, verify_sampling
+
+#: Why generation stopped.
+STOP_EOS, STOP_MAX_NEW_TOKENS, STOP_CONTEXT = "eos", "max_new_tokens", "context_limit"
+
+
+@dataclass
+class GenerationResult:
+    """One prompt's generation and its speculative-decoding statistics.
+
+    Attributes:
+        prompt_ids: the prompt's token ids.
+        generated_ids: new tokens (EOS included when generation stopped on it).
+        text: ``generated_ids`` decoded (None without a tokenizer).
+        accepted_lengths: per verification step, draft nodes accepted by the verifier (before any truncation by
+            EOS or ``max_new_tokens``).
+        emitted_per_step: tokens actually appended per step (accepted + bonus, after truncation).
+        draft_sizes: draft nodes verified per step (after pruning to the context limit).
+        depth_attempted: ``depth_attempted[d-1]`` = steps in which at least one depth-``d`` node was verified with
+            its parent accepted (i.e. the accepted path reached depth ``d-1`` and the node there had children).
+        depth_accepted: ``depth_accepted[d-1]`` = steps in which a depth-``d`` node was accepted.
+        alpha_sum, alpha_count: sum and count of ``sum_x min(p, q)`` over verified positions (every accepted-path
+            row, root included, that has children; ``q`` of its first child, ``p`` the processed target
+            distribution, one-hot at temperature 0). Zero count when the drafter reports no ``q``.
+        num_target_forwards: target forwards, the prefill included.
+        wall_time_s: wall-clock seconds for the whole generation (prefill, drafting, verification).
+        draft_time_s: the part of ``wall_time_s`` spent in ``Drafter.propose`` / ``accept``.
+        stop_reason: ``eos``, ``max_new_tokens`` or ``context_limit``.
+    """
+
+    prompt_ids: list[int]
+    generated_ids: list[int] = field(default_factory=list)
+    text: str | None = None
+    accepted_lengths: list[int] = field(default_factory=list)
+    emitted_per_step: list[int] = field(default_factory=list)
+    draft_sizes: list[int] = field(default_factory=list)
+    depth_attempted: list[int] = field(default_factory=list)
+    depth_accepted: list[int] = field(default_factory=list)
+    alpha_sum: float = 0.0
+    alpha_count: int = 0
+    num_target_forwards: int = 0
+    wall_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    stop_reason: str = STOP_MAX_NEW_TOKENS
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.generated_ids)
+
+    @property
+    def num_steps(self) -> int:
+        """Verification steps (target forwards after the prefill)."""
+        return len(self.accepted_lengths)
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted length per step, bonus included (mean of ``accepted + 1``); nan without steps."""
+        if not self.accepted_lengths:
+            return float("nan")
+        return sum(a + 1 for a in self.accepted_lengths) / len(self.accepted_lengths)
+
+    @property
+    def alpha_exact(self) -> float:
+        return self.alpha_sum / self.alpha_count if self.alpha_count else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.num_new_tokens / self.wall_time_s if self.wall_time_s > 0 else float("nan")
+
+    def acceptance_by_depth(self) -> list[float]:
+        """``[accepted / attempted]`` per depth 1..D (nan where never attempted)."""
+        return [a / t if t else float("nan") for a, t in zip(self.depth_accepted, self.depth_attempted)]
+
+
+def _eos_ids(model: Any, tokenizer: Any, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+    if eos_token_id is None:
+        for source in (getattr(model, "generation_config", None), kv.text_config(model), tokenizer):
+            eos_token_id = getattr(source, "eos_token_id", None) if source is not None else None
+            if eos_token_id is not None:
+                break
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, int):
+        return frozenset([eos_token_id])
+    return frozenset(int(e) for e in eos_token_id)
+
+
+def _prompt_ids(prompt: Any, tokenizer: Any) -> list[int]:
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise SpecgraftError("a text prompt needs a tokenizer; pass tokenizer= to SpeculativeDecoder or give ids")
+        ids = tokenizer(prompt)["input_ids"]
+    elif isinstance(prompt, torch.Tensor):
+        if prompt.dim() == 2:
+            if prompt.shape[0] != 1:
+                raise SpecgraftError(f"batch size {prompt.shape[0]} is not supported (batch size 1 only); "
+                                     "decode prompts one at a time")
+            prompt = prompt[0]
+        ids = prompt.tolist()
+    else:
+        ids = [int(t) for t in prompt]
+    if not ids:
+        raise SpecgraftError("the prompt is empty; give at least one token (e.g. BOS)")
+    return [int(t) for t in ids]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _unwrap(model: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """Accept a specgraft ``Target`` as well as a bare ``PreTrainedModel``."""
+    inner = getattr(model, "model", None)
+    if inner is not None and hasattr(model, "identity") and hasattr(inner, "config"):
+        return inner, tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    return model, tokenizer
+
+
+class SpeculativeDecoder:
+    """Greedy or sampled decoding of one target with an optional :class:`Drafter`; lossless by construction.
+
+    Args:
+        model: a transformers causal LM (``PreTrainedModel``) or a :class:`specgraft.target.Target`; its attention
+            must be ``sdpa`` or ``eager`` (tree masks are 4D additive masks).
+        tokenizer: optional; enables text prompts, ``GenerationResult.text`` and tokenizer checks by drafters.
+        drafter: the draft proposer; None for plain autoregressive decoding on the same code path.
+        temperature, top_k, top_p: target-side sampling (temperature 0 = greedy); plain and speculative sampling use
+            the same processed distribution.
+        eos_token_id: stop tokens; defaults to the model's generation config, then its config, then the tokenizer.
+        ignore_eos: never stop on EOS (for fixed-length benchmarks).
+        seed: seed of the decoder's generator (verification draws and, through ``DraftContext``, drafter draws).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        drafter: Drafter | None = None,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        eos_token_id: int | Sequence[int] | None = None,
+        ignore_eos: bool = False,
+        seed: int = 0,
+    ) -> None:
+        self.model, self.tokenizer = _unwrap(model, tokenizer)
+        self.sampling = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+        self.layout = kv.attention_layout(self.model)
+        config = kv.text_config(self.model)
+        self.vocab_size = int(config.vocab_size)
+        self.num_layers = int(config.num_hidden_layers)
+        self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
+        self.eos_ids = frozenset() if ignore_eos else _eos_ids(self.model, self.tokenizer, eos_token_id)
+        self.device = kv.model_device(self.model)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self.drafter = drafter
+        if drafter is not None:
+            bad = [i for i in drafter.needs_hidden_states if not 0 <= int(i) <= self.num_layers]
+            if bad:
+                raise SpecgraftError(f"drafter asks for hidden states {bad}, outside 0..{self.num_layers} "
+                                     "(output_hidden_states indices of this target)")
+            drafter.bind(self.model, self.tokenizer)
+
+    # ------------------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int,
+                 seed: int | None = None) -> GenerationResult:
+        """Decode up to ``max_new_tokens`` tokens after ``prompt`` (text, ids, or a [1, T] / [T] tensor).
+
+        Stops at the first EOS (kept in the output), after ``max_new_tokens`` tokens, or when the sequence fills the
+        model's context (``max_position_embeddings`` tokens in all). ``seed`` reseeds the generator first.
+        """
+        if int(max_new_tokens) != max_new_tokens or max_new_tokens < 0:
+            raise SpecgraftError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens}")
+        prompt_ids = _prompt_ids(prompt, self.tokenizer)
+        if self.max_positions is not None and len(prompt_ids) > self.max_positions:
+            raise SpecgraftError(f"the prompt has {len(prompt_ids)} tokens, more than the model's context of "
+                                 f"{self.max_positions}; shorten the prompt")
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        result = GenerationResult(prompt_ids=list(prompt_ids))
+        needs = tuple(int(i) for i in self.drafter.needs_hidden_states) if self.drafter is not None else ()
+        if self.drafter is not None:
+            self.drafter.reset()
+
+        _sync(self.device)
+        start = time.perf_counter()
+        tokens = list(prompt_ids)
+        cache = kv.new_cache()
+        hidden_size = int(kv.text_config(self.model).hidden_size)
+        dtype = kv.model_dtype(self.model)
+        hidden = {i: torch.zeros(0, hidden_size, dtype=dtype, device=self.device) for i in needs}
+        hidden_start = 0
+        nothing_to_do = max_new_tokens == 0 or (self.max_positions is not None and len(tokens) >= self.max_positions)
+        if len(tokens) > 1 and not nothing_to_do:
+            # Prefill every prompt token but the last one, which becomes the first root.
+            out = self.model(input_ids=torch.tensor([tokens[:-1]], device=self.device), cache=cache, use_cache=True,
+                             output_hidden_states=bool(needs), logits_to_keep=1)
+            result.num_target_forwards += 1
+            hidden = {i: out.hidden_states[i][0] for i in needs}  # [L-1, H] each
+        stop = None
+        while stop is None:
+            length = len(tokens)
+            if len(result.generated_ids) >= max_new_tokens:
+                stop = STOP_MAX_NEW_TOKENS
+                break
+            if self.max_positions is not None and length >= self.max_positions:
+                stop = STOP_CONTEXT
+                break
+            max_depth = self.max_positions - length - 1 if self.max_positions is not None else 1 << 30
+            tree, kept = self._propose(result, tokens, len(prompt_ids), hidden_start, hidden, max_depth,
+                                       max_new_tokens - len(result.generated_ids))
+            result.draft_sizes.append(tree.size)
+            past = length - 1
+            ids, pos = verification_inputs(tree, tokens[-1], past)
+            if is_chain(tree.parents):
+                # [root] + a chain is an ordinary causal continuation: the model's own causal (and sliding-window)
+                # mask and default positions equal the tree mask, and its fused causal attention path is faster.
+                out = self.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(needs))
+            else:
+                key_pos = torch.cat([torch.arange(past, device=self.device), pos[0]])
+                out = kv.masked_forward(self.model, self.layout, cache, ids, pos[0], key_pos,
+                                        visibility(tree.parents, past), output_hidden_states=bool(needs))
+            result.num_target_forwards += 1
+            logits = out.logits[0]  # [n+1, V]
+            accepted, bonus = self._verify(tree, logits, result)
+
+            node_tokens = tree.tokens.tolist()
+            emitted = [node_tokens[a] for a in accepted] + [bonus]
+            keep_n = min(len(emitted), max_new_tokens - len(result.generated_ids))
+            eos_at = next((j for j, t in enumerate(emitted[:keep_n]) if t in self.eos_ids), None)
+            if eos_at is not None:
+                keep_n, stop = eos_at + 1, STOP_EOS
+            elif keep_n < len(emitted):
+                stop = STOP_MAX_NEW_TOKENS
+            tokens.extend(emitted[:keep_n])
+            result.generated_ids.extend(emitted[:keep_n])
+            result.accepted_lengths.append(len(accepted))
+            result.emitted_per_step.append(keep_n)
+            if stop is not None:
+                break
+            # Keep the root's and the accepted nodes' keys/values; the rest of the tree is dropped.
+            kv.keep_positions(cache, past + 1, accepted)
+            rows = torch.tensor([0] + [a + 1 for a in accepted], device=self.device)
+            hidden = {i: out.hidden_states[i][0].index_select(0, rows) for i in needs}
+            hidden_start = past
+            if self.drafter is not None:
+                t0 = time.perf_counter()
+                self.drafter.accept([kept[a] for a in accepted], bonus)
+                result.draft_time_s += time.perf_counter() - t0
+        _sync(self.device)
+        result.wall_time_s = time.perf_counter() - start
+        result.stop_reason = stop
+        if self.tokenizer is not None:
+            result.text = self.tokenizer.decode(result.generated_ids, skip_special_tokens=True)
+        return result
+
+    # ------------------------------------------------------------------------------------------------------------
+    def _propose(self, result: GenerationResult, tokens: list[int], prompt_length: int, hidden_start: int,
+                 hidden: dict[int, torch.Tensor], max_depth: int, remaining: int) -> tuple[DraftTree, list[int]]:
+        if self.drafter is None:
+            return DraftTree.empty(self.device), []
+        ctx = DraftContext(token_ids=torch.tensor(tokens, dtype=torch.long, device=self.device),
+                           prompt_length=prompt_length, hidden_start=hidden_start, hidden_states=hidden,
+                           sampling=self.sampling, generator=self.generator, max_depth=max_depth,
+                           remaining_tokens=remaining)
+        t0 = time.perf_counter()
+        tree = self.drafter.propose(ctx)
+        result.draft_time_s += time.perf_counter() - t0
+        tree.validate(self.vocab_size, need_q=not self.sampling.greedy)
+        tree = DraftTree(tokens=tree.tokens.to(self.device), parents=tree.parents.to(self.device),
+                         q=tree.q.to(self.device) if tree.q is not None else None, sampled=tree.sampled)
+        return prune_to_depth(tree, max_depth)
+
+    def _verify(self, tree: DraftTree, logits: torch.Tensor, result: GenerationResult) -> tuple[list[int], int]:
+        """Pick the accepted path and bonus; record per-depth and alpha statistics."""
+        n = tree.size
+        probs = None
+        if self.sampling.greedy:
+            accepted, bonus = verify_greedy(tree.parents, tree.tokens, logits.argmax(-1))
+        else:
+            probs = process_logits(logits, self.sampling)  # [n+1, V]
+            q = tree.q.unsqueeze(0) if (tree.sampled and n) else None
+            verdict = verify_sampling(tree.parents, tree.tokens.unsqueeze(0), probs.unsqueeze(0), q, tree.sampled,
+                                      self.generator)
+            accepted, bonus = verdict.path[0].tolist(), int(verdict.bonus[0])
+        if n == 0:
+            return accepted, bonus
+        table = children_table(tree.parents)
+        path_rows = [0] + [a + 1 for a in accepted]
+        for depth, row in enumerate(path_rows, start=1):
+            if not table[row]:
+                break
+            while len(result.depth_attempted) < depth:
+                result.depth_attempted.append(0)
+                result.depth_accepted.append(0)
+            result.depth_attempted[depth - 1] += 1
+            if depth <= len(accepted):
+                result.depth_accepted[depth - 1] += 1
+        if tree.q is not None:
+            rows = [r for r in path_rows if table[r]]
+            first_child = torch.tensor([table[r][0] for r in rows], device=logits.device)
+            p_rows = (probs if probs is not None else process_logits(logits, self.sampling))[rows]  # [m, V]
+            alphas = torch.minimum(p_rows, tree.q.index_select(0, first_child).float()).sum(-1)
+            result.alpha_sum += float(alphas.sum())
+            result.alpha_count += len(rows)
+        return accepted, bonus
+
+
+@torch.no_grad()
+def generate_reference(
+    model: Any,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_token_id: int | Sequence[int] | None = None,
+    ignore_eos: bool = False,
+    generator: torch.Generator | None = None,
+) -> list[int]:
+    """Reference decoding without any cache: each step recomputes the whole sequence (slow; for tests).
+
+    Same stopping rules and sampling distribution as :class:`SpeculativeDecoder` (sampling draws one
+    ``torch.multinomial`` per token from ``generator``, like the decoder with no drafter).
+    """
+    model, _ = _unwrap(model, None)
+    params = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+    eos = frozenset() if ignore_eos else _eos_ids(model, None, eos_token_id)
+    max_positions = getattr(kv.text_config(model), "max_position_embeddings", None)
+    tokens = _prompt_ids(prompt_ids, None)
+    if max_positions is not None and len(tokens) > max_positions:
+        raise SpecgraftError(f"the prompt has {len(tokens)} tokens, more than the model's context of {max_positions}; "
+                             "shorten the prompt")
+    device = kv.model_device(model)
+    new: list[int] = []
+    while len(new) < max_new_tokens and (max_positions is None or len(tokens) < max_positions):
+        logits = model(input_ids=torch.tensor([tokens], device=device), use_cache=False).logits[0, -1]
+        if params.greedy:
+            token = int(logits.argmax())
+        else:
+            probs = process_logits(logits, params).unsqueeze(0)
+            token = int(torch.multinomial(probs, 1, generator=generator)[0, 0])
+        tokens.append(token)
+        new.append(token)
+        if token in eos:
+            break
+    return new
