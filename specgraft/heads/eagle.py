@@ -1,0 +1,273 @@
+"""EAGLE-1/2 head (Li et al. 2024): autoregression at the feature level.
+
+Draft input at position ``i``: ``fc(concat(embedding(x_{i+1}), f_i))`` where ``f_i`` is the target's last hidden
+state at position i; then ``num_layers`` decoder layers of the TARGET's own family (transformers' classes, built
+from a copy of the target's config; the first layer without its input norm, as in the reference). The output
+``f^_{i+1}`` predicts the next feature, and the target's frozen lm_head maps it to the distribution of token
+``x_{i+2}``. The embeddings and the lm_head are borrowed from the target (never parameters, never saved).
+
+Which feature: ``f`` is ``output_hidden_states`` index N -- the last layer's output AFTER the target's final norm,
+i.e. exactly what the target's lm_head reads. That is what the EAGLE reference trains on (the base model's output
+``hidden_states``) and what vLLM/SGLang feed an EAGLE-1 draft; the draft's output is projected by the lm_head
+directly, with no norm in between (the reference applies ``head(out_hidden)``). So the target's final norm is not
+used by this head, and its logits at position i are ``lm_head(f_i)``: training needs no separate target logits
+(they are recomputed from the features when an offline cache holds only features).
+
+Parameter names map 1:1 onto the serving layout: ``fc.weight`` [h, 2h] (+ ``fc.bias``),
+``layers.{l}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{l}.mlp.{gate,up,down}_proj.weight``,
+``layers.{l}.post_attention_layernorm.weight`` (+ ``layers.{l}.input_layernorm.weight`` for l >= 1, and the
+family's extra norms/biases, e.g. Gemma's feed-forward norms or Qwen2's q/k/v biases). Phi-3 keeps its fused
+``qkv_proj``/``gate_up_proj`` (supported; an exporter splits them).
+
+Loss (:func:`eagle1_loss`): ``feature_loss_weight * SmoothL1(f^_{i+1}, f_{i+1}) + logit_loss_weight *
+softCE(lm_head(f^_{i+1}), softmax(target logits at i+1))`` over positions whose predicted token ``x_{i+2}`` is a
+loss (assistant) token; uniform noise U(-a, a) is added to the input features during training.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specgraft.errors import SpecgraftError
+from specgraft.heads.base import DraftHead, HeadLoss, register_head
+from specgraft.heads.eagle_layers import (
+    EAGLE_ATTENTION,
+    RotaryPositions,
+    build_decoder_layer,
+    causal_additive_mask,
+    draft_layer_config,
+    register_eagle_attention,
+)
+from specgraft.heads.losses import masked_mean, soft_cross_entropy
+from specgraft.target import Target, TargetOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EagleConfig:
+    """Hyper-parameters of an EAGLE-1/2 head (saved in ``head_config.json``)."""
+
+    num_layers: int = 1
+    """Draft decoder layers of the target's family (the reference uses one)."""
+    fc_bias: bool = False
+    """Bias in fc (the Vicuna drafts had one; the Llama-3 drafts do not)."""
+    feature_noise: float = 0.1
+    """Half-width a of the uniform noise U(-a, a) added to input features during training."""
+    feature_loss_weight: float = 1.0
+    """Weight of the SmoothL1 next-feature loss."""
+    logit_loss_weight: float = 0.1
+    """Weight of the soft cross-entropy against the target distribution."""
+
+    def validate(self) -> None:
+        if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int) or self.num_layers < 1:
+            raise SpecgraftError(f"eagle num_layers must be a positive integer, got {self.num_layers!r}; "
+                                 "set head.num_layers to 1 or more")
+        if self.feature_noise < 0:
+            raise SpecgraftError(f"eagle feature_noise must be >= 0, got {self.feature_noise}; e.g. 0.1")
+        if self.feature_loss_weight < 0 or self.logit_loss_weight < 0:
+            raise SpecgraftError("eagle loss weights must be >= 0; e.g. feature_loss_weight 1.0, "
+                                 "logit_loss_weight 0.1")
+
+
+class EagleHeadBase(DraftHead):
+    """What the EAGLE-1 and EAGLE-3 heads share: borrowed embeddings and RoPE, and the drafting interface
+    (:meth:`input_features`, :meth:`draft_forward`, :meth:`draft_token_ids`) that :mod:`eagle_drafter` uses."""
+
+    needs_target_logits = True
+
+    def __init__(self, config: Any, target: Target) -> None:
+        super().__init__(config, target)
+        # Borrowed from the target, never registered: a plain object holding the (buffer-only) rotary module.
+        self._rope = RotaryPositions(target)
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[B, T] -> [B, T, h] the target's (frozen) input embeddings, in the head's dtype."""
+        return self.target.embed(input_ids).to(self.param_dtype)
+
+    def input_features(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The draft's per-position input feature [.., h] from the target's hidden states (required_layers)."""
+        raise NotImplementedError
+
+    def draft_forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache: Any = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft pass over Q new positions.
+
+        Args:
+            input_ids: [B, Q] the token following each input feature (x_{i+1} for feature i).
+            hidden: [B, Q, h] input features (:meth:`input_features`, or the draft's own previous output).
+            position_ids: [B or 1, Q] positions (i for the pair (f_i, x_{i+1})).
+            attention_mask: additive [B or 1, 1, Q, past + Q] mask (0 = visible).
+            cache: a transformers ``DynamicCache`` for the draft's layers (extended in place), or None.
+
+        Returns:
+            ``(out [B, Q, h], logits [B, Q, V_out])``: the draft's output feature (fed back as the next input
+            feature) and its logits over :meth:`draft_token_ids` (the target vocab for EAGLE-1).
+        """
+        raise NotImplementedError
+
+    def draft_token_ids(self) -> torch.Tensor | None:
+        """[V_out] target id of every column of the draft logits, or None when they are the target vocab."""
+        return None
+
+    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None, cache: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Same as :meth:`draft_forward`."""
+        return self.draft_forward(input_ids, hidden, position_ids, attention_mask, cache)
+
+
+@register_head
+class EagleHead(EagleHeadBase):
+    """EAGLE-1/2 draft head (see the module docstring)."""
+
+    head_type = "eagle"
+    Config = EagleConfig
+
+    def __init__(self, config: EagleConfig, target: Target) -> None:
+        config.validate()
+        super().__init__(config, target)
+        h = target.hidden_size
+        # The draft's attention goes through specgraft's function (explicit masks on every backend, soft-capping
+        # kept): the target's own backend may be one that ignores 4D tree masks (flash attention).
+        register_eagle_attention()
+        self.draft_config = draft_layer_config(target, config.num_layers, attn_implementation=EAGLE_ATTENTION)
+        self.fc = nn.Linear(2 * h, h, bias=config.fc_bias)
+        self.layers = nn.ModuleList(build_decoder_layer(target, self.draft_config, i)
+                                    for i in range(config.num_layers))
+        # The reference drops the first layer's input norm: fc's output goes straight into attention.
+        self.layers[0].input_layernorm = nn.Identity()
+        self.to(device=target.device)
+
+    @classmethod
+    def config_from_recipe(cls, head_cfg: Any, target: Target) -> EagleConfig:
+        cfg = EagleConfig(num_layers=int(head_cfg.num_layers), fc_bias=bool(head_cfg.fc_bias),
+                          feature_noise=float(head_cfg.feature_noise),
+                          feature_loss_weight=float(head_cfg.feature_loss_weight),
+                          logit_loss_weight=float(head_cfg.logit_loss_weight))
+        cfg.validate()
+        return cfg
+
+    def required_layers(self) -> tuple[int, ...]:
+        """The post-norm last hidden state (index N), which the target's lm_head reads."""
+        return (self.target.num_layers,)
+
+    def input_features(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
+        return hidden_states[self.target.num_layers].to(self.param_dtype)
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """[.., h] draft features -> [.., V] logits through the target's frozen lm_head (and logit soft-cap)."""
+        return self.target.logits_from_hidden(features.to(self.target.dtype)).to(features.dtype)
+
+    def draft_forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                      attention_mask: torch.Tensor | None, cache: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.features_forward(input_ids, hidden, position_ids, attention_mask, cache)
+        return x, self.logits(x)
+
+    def features_forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                         attention_mask: torch.Tensor | None, cache: Any = None) -> torch.Tensor:
+        """:meth:`draft_forward` without the lm_head: [B, Q] ids, [B, Q, h] features -> [B, Q, h]."""
+        x = self.fc(torch.cat([self.embed(input_ids), hidden.to(self.param_dtype)], dim=-1))  # [B, Q, h]
+        position_embeddings = self._rope(x, position_ids)
+        for layer in self.layers:
+            x = layer(x, attention_mask=attention_mask, position_ids=position_ids,
+                      position_embeddings=position_embeddings, cache=cache, use_cache=cache is not None)
+        return x
+
+    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput) -> HeadLoss:
+        """EAGLE-1 loss over one batch (one-position shift, see :func:`eagle1_loss`).
+
+        The draft runs on the T-1 pairs ``(f_i, x_{i+1})``, i = 0..T-2, in one causal pass; pair i is scored when
+        its predicted token ``x_{i+2}`` is a real loss token. Only those rows are projected onto the vocabulary.
+        """
+        input_ids = batch["input_ids"]  # [B, T]
+        seq_len = input_ids.shape[1]
+        real = batch.get("attention_mask")
+        real = torch.ones_like(input_ids, dtype=torch.bool) if real is None else real.bool()
+        labels = real & batch["loss_mask"].bool() if "loss_mask" in batch else real
+        feats = self.input_features(target_out.hidden_states)  # [B, T, h]
+        if seq_len < 3:
+            zero = sum(p.sum() for p in self.parameters()) * 0.0
+            return HeadLoss(loss=zero, metrics={})
+        length = seq_len - 1
+        inputs = feats[:, :-1]  # [B, L, h] f_i
+        if self.training and self.config.feature_noise > 0:
+            a = self.config.feature_noise
+            inputs = inputs + (torch.rand_like(inputs) * 2.0 - 1.0) * a
+        key_valid = None if bool(real.all()) else real[:, 1:]  # pair i holds token i+1
+        mask = causal_additive_mask(length, key_valid, inputs.dtype, inputs.device)  # [B or 1, 1, L, L]
+        positions = torch.arange(length, device=inputs.device)[None]  # [1, L]
+        pred = self.features_forward(input_ids[:, 1:], inputs, positions, mask)  # [B, L, h]: pair i -> f^_{i+1}
+        # Pair i (i < T-2) is scored when its predicted token x_{i+2} is a real loss token.
+        scored = labels[:, 2:]  # [B, T-2]
+        rows = pred[:, : seq_len - 2][scored]  # [N, h]
+        if target_out.logits is not None:
+            target_rows = target_out.logits[:, 1 : seq_len - 1][scored]  # [N, V] target logits at i+1
+        else:
+            # Offline caches hold only the post-norm features; the target's logits at i+1 are lm_head(f_{i+1}).
+            last = target_out.hidden_states[self.target.num_layers]
+            target_rows = self.target.logits_from_hidden(last[:, 1 : seq_len - 1][scored])
+        loss, metrics = eagle1_loss(
+            rows,
+            self.logits(rows),
+            feats[:, 1 : seq_len - 1][scored],
+            target_rows,
+            torch.ones(rows.shape[0], device=rows.device),
+            feature_weight=self.config.feature_loss_weight,
+            logit_weight=self.config.logit_loss_weight,
+        )
+        return HeadLoss(loss=loss, metrics=metrics)
+
+
+def eagle1_loss(
+    pred_features: torch.Tensor,
+    draft_logits: torch.Tensor,
+    next_features: torch.Tensor,
+    target_logits: torch.Tensor,
+    mask: torch.Tensor,
+    feature_weight: float = 1.0,
+    logit_weight: float = 0.1,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The EAGLE-1 loss on aligned rows (any leading shape ``S``).
+
+    Args:
+        pred_features: S x [h] the draft's predicted feature f^_{i+1}.
+        draft_logits: S x [V] the target lm_head applied to ``pred_features``.
+        next_features: S x [h] the true next feature f_{i+1}.
+        target_logits: S x [V] the target's logits at position i+1 (the distribution of x_{i+2}).
+        mask: S, 1 where the row counts.
+        feature_weight, logit_weight: loss weights.
+
+    Returns:
+        ``feature_weight * mean_rows(mean_h SmoothL1(pred, next)) + logit_weight * mean_rows(-sum_v p log q)``,
+        with p = softmax(target_logits), q = softmax(draft_logits); metrics ``loss/feature``, ``loss/logit`` and
+        ``top1/step0`` (the draft's argmax equals the target's).
+    """
+    mask = mask.to(torch.float32)
+    feat = F.smooth_l1_loss(pred_features.float(), next_features.float(), reduction="none").mean(-1)  # S
+    feature_loss = masked_mean(feat, mask)
+    target_probs = torch.softmax(target_logits.float(), dim=-1)
+    logit_loss = soft_cross_entropy(draft_logits, target_probs, mask)
+    loss = feature_weight * feature_loss + logit_weight * logit_loss
+    with torch.no_grad():
+        # The draft's logit at the target's top-1 is its maximum (cheaper than a second argmax).
+        best = target_logits.argmax(-1, keepdim=True)
+        hit = draft_logits.gather(-1, best) >= draft_logits.amax(-1, keepdim=True)
+        top1 = masked_mean(hit.squeeze(-1).float(), mask)
+    metrics = {"loss/feature": feature_loss.detach(), "loss/logit": logit_loss.detach(), "top1/step0": top1}
+    return loss, metrics

@@ -1,0 +1,371 @@
+"""EAGLE-3 head (Li et al. 2025): fused target layers, a 2h-input midlayer, a reduced draft vocabulary, and
+training-time test (TTT).
+
+Input at position ``i``: ``g_i = fc(concat(H_a[i], H_b[i], H_c[i]))`` (target ``output_hidden_states`` indices
+``feature_layers``, default ``(2, N//2, N-3)``: the pre-norm residual stream) and the embedding of ``x_{i+1}``. The
+midlayer attends over ``concat(input_layernorm(embedding), hidden_norm(g))`` (q/k/v take 2h) with the residual on
+``g``, then the family's MLP; ``norm`` + the head's OWN ``lm_head`` give logits over the draft vocabulary (``d2t``:
+target_id = draft_id + d2t[draft_id]; ``t2d``: target ids in the draft vocab; see :mod:`draft_vocab`). The output
+feature is fed back as the next step's hidden input (fc is applied only to the fused target features).
+
+Serving layout: ``fc.weight`` [h, 3h], ``midlayer.self_attn.{q,k,v}_proj.weight`` [., 2h], ``o_proj`` [h, .],
+``midlayer.mlp.*``, ``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight``, ``norm.weight``,
+``lm_head.weight`` [Vd, h], buffers ``d2t`` [Vd] int64 and ``t2d`` [V] bool. Extra draft layers
+(``num_layers > 1``) are plain family decoder layers ``layers.{l}.*`` after the midlayer.
+
+Training-time test with S steps (:meth:`Eagle3Head.ttt_logits`): step 0 runs the draft on every position i with the
+target feature ``g_i`` and token ``x_{i+1}`` at position i; step s >= 1 runs it again on every position at once,
+now with its own step-(s-1) output at i and the token ``x_{i+s+1}``, at position ``i+s``, attending to the step-0
+keys ``0..i`` and its own keys of steps 1..s at i -- exactly the draft's KV cache when it decodes s tokens ahead of
+position i. Its logits predict ``x_{i+s+2}``. Loss: :func:`eagle3_ttt_loss`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specgraft.errors import SpecgraftError
+from specgraft.heads.base import HeadLoss, register_head
+from specgraft.heads.draft_vocab import (
+    build_draft_vocab,
+    check_draft_vocab_size,
+    default_draft_vocab_size,
+    draft_to_target_ids,
+)
+from specgraft.heads.eagle import EagleHeadBase
+from specgraft.heads.eagle_layers import (
+    EAGLE_ATTENTION,
+    Eagle3MidLayer,
+    TTTKeys,
+    build_decoder_layer,
+    causal_additive_mask,
+    draft_layer_config,
+    register_eagle_attention,
+)
+from specgraft.heads.losses import masked_mean
+from specgraft.target import Target, TargetOutput
+
+logger = logging.getLogger(__name__)
+
+
+def default_feature_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's ``(2, N//2, N-3)``, clamped into ``0..N`` for targets too shallow for it (N < 5)."""
+    return [min(max(i, 0), num_layers) for i in (2, num_layers // 2, num_layers - 3)]
+
+
+@dataclass
+class Eagle3Config:
+    """Hyper-parameters of an EAGLE-3 head (saved in ``head_config.json``)."""
+
+    feature_layers: list[int] = field(default_factory=list)
+    """output_hidden_states indices of the target fused by fc (resolved; default (2, N//2, N-3))."""
+    draft_vocab_size: int = 0
+    """Vd, the size of the draft vocabulary (resolved; default min(32000, V))."""
+    num_layers: int = 1
+    """Draft layers: the midlayer plus num_layers - 1 plain decoder layers."""
+    fc_bias: bool = False
+    ttt_steps: int = 7
+    """Training-time-test unrolled steps S."""
+    loss_decay: float = 0.8
+    """Step s's loss weight is loss_decay**s."""
+
+    def validate(self) -> None:
+        if not self.feature_layers:
+            raise SpecgraftError("eagle3 feature_layers is empty; list the target layers to fuse, e.g. [2, 16, 29], "
+                                 "or leave head.feature_layers unset for (2, N//2, N-3)")
+        for name in ("num_layers", "ttt_steps", "draft_vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecgraftError(f"eagle3 {name} must be a positive integer, got {value!r}; set head.{name}")
+        if not 0.0 < float(self.loss_decay) <= 1.0:
+            raise SpecgraftError(f"eagle3 loss_decay must be in (0, 1], got {self.loss_decay}; e.g. 0.8")
+
+
+@register_head
+class Eagle3Head(EagleHeadBase):
+    """EAGLE-3 draft head (see the module docstring)."""
+
+    head_type = "eagle3"
+    Config = Eagle3Config
+
+    def __init__(self, config: Eagle3Config, target: Target) -> None:
+        config.validate()
+        target.check_layer_indices(config.feature_layers, what="eagle3 feature_layers index")
+        check_draft_vocab_size(config.draft_vocab_size, target.vocab_size)
+        super().__init__(config, target)
+        register_eagle_attention()
+        h = target.hidden_size
+        self.draft_config = draft_layer_config(target, config.num_layers, attn_implementation=EAGLE_ATTENTION)
+        self.fc = nn.Linear(len(config.feature_layers) * h, h, bias=config.fc_bias)
+        self.midlayer = Eagle3MidLayer(build_decoder_layer(target, self.draft_config, 0), h)
+        self.layers = nn.ModuleList(build_decoder_layer(target, self.draft_config, i)
+                                    for i in range(1, config.num_layers))
+        # A fresh copy of the family's norm class (the midlayer's input norm, still untrained) for the final norm.
+        self.norm = copy.deepcopy(self.midlayer.input_layernorm)
+        self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
+        vd, v = config.draft_vocab_size, target.vocab_size
+        # Until prepare_from_data: the first Vd target ids (d2t zeros; for Vd == V that is the identity, for good).
+        self.register_buffer("d2t", torch.zeros(vd, dtype=torch.int64))
+        t2d = torch.zeros(v, dtype=torch.bool)
+        t2d[:vd] = True
+        self.register_buffer("t2d", t2d)
+        self.to(device=target.device)
+
+    # -- construction ----------------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, target: Target, config: Eagle3Config) -> Eagle3Head:
+        """A fresh head whose final norm and lm_head rows start from the target's (a warm start for the draft's
+        output space); everything else is randomly initialised."""
+        head = cls(config, target)
+        head._init_from_target()
+        return head
+
+    @classmethod
+    def config_from_recipe(cls, head_cfg: Any, target: Target) -> Eagle3Config:
+        layers = head_cfg.feature_layers
+        if layers is None:
+            layers = default_feature_layers(target.num_layers)
+            if list(layers) != list(target.default_eagle3_layers()):
+                logger.warning("target %s has only %d layers; EAGLE-3 fuses layers %s (the default (2, N//2, N-3) "
+                               "clamped to 0..N)", target.name_or_path, target.num_layers, layers)
+        layers = [int(i) for i in layers]
+        target.check_layer_indices(layers, what="head.feature_layers index")
+        vocab = head_cfg.draft_vocab_size
+        vocab = default_draft_vocab_size(target.vocab_size) if vocab is None else int(vocab)
+        check_draft_vocab_size(vocab, target.vocab_size)
+        cfg = Eagle3Config(feature_layers=layers, draft_vocab_size=vocab, num_layers=int(head_cfg.num_layers),
+                           fc_bias=bool(head_cfg.fc_bias), ttt_steps=int(head_cfg.ttt_steps),
+                           loss_decay=float(head_cfg.loss_decay))
+        cfg.validate()
+        return cfg
+
+    @torch.no_grad()
+    def _init_from_target(self) -> None:
+        final_norm = self.target.final_norm
+        if type(final_norm) is type(self.norm) and final_norm.state_dict().keys() == self.norm.state_dict().keys():
+            self.norm.load_state_dict({k: v.detach().clone() for k, v in final_norm.state_dict().items()})
+        weight = getattr(self.target.output_head, "weight", None)
+        expected = (self.target.vocab_size, self.target.hidden_size)
+        if isinstance(weight, torch.Tensor) and tuple(weight.shape) == expected:
+            rows = weight.index_select(0, self.draft_token_ids().to(weight.device))
+            self.lm_head.weight.copy_(rows.to(self.lm_head.weight))
+
+    def prepare_from_data(self, token_counts: torch.Tensor | None) -> dict[str, Any]:
+        """Choose the draft vocabulary from the counts [V] of the training data's loss tokens (sets ``d2t``/``t2d``
+        and re-initialises the lm_head rows from the target's); returns ``draft_vocab_coverage``, the fraction of
+        counted tokens inside the draft vocabulary. Call it before training (it resets the lm_head)."""
+        vd, v = self.config.draft_vocab_size, self.target.vocab_size
+        if token_counts is None:
+            logger.warning("no token counts given: the EAGLE-3 draft vocabulary stays the first %d target ids", vd)
+            return {}
+        counts = torch.as_tensor(token_counts)
+        if counts.dim() != 1 or counts.numel() != v:
+            raise SpecgraftError(f"token counts have shape {tuple(counts.shape)} but the target vocabulary has {v} "
+                                 "entries; count tokens with the target's tokenizer (token_frequencies(ds, vocab))")
+        d2t, t2d, coverage = build_draft_vocab(counts, vd)
+        self.d2t.copy_(d2t.to(self.d2t.device))
+        self.t2d.copy_(t2d.to(self.t2d.device))
+        self._init_from_target()
+        logger.info("EAGLE-3 draft vocabulary: %d of %d tokens, covering %.2f%% of the training loss tokens",
+                    vd, v, 100.0 * coverage)
+        return {"draft_vocab_coverage": coverage, "draft_vocab_size": vd}
+
+    def required_layers(self) -> tuple[int, ...]:
+        return tuple(dict.fromkeys(int(i) for i in self.config.feature_layers))
+
+    # -- forward ---------------------------------------------------------------------------------------------
+    def draft_token_ids(self) -> torch.Tensor:
+        """[Vd] target id of every draft id."""
+        return draft_to_target_ids(self.d2t)
+
+    def input_features(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
+        """fc over the fused target layers: [.., k*h] -> [.., h]."""
+        fused = torch.cat([hidden_states[int(i)] for i in self.config.feature_layers], dim=-1)
+        return self.fc(fused.to(self.param_dtype))
+
+    def _layers_forward(self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                        attention_mask: torch.Tensor | None, **kwargs: Any) -> torch.Tensor:
+        position_embeddings = self._rope(hidden, position_ids)
+        x = self.midlayer(embeds, hidden, position_embeddings, attention_mask, position_ids=position_ids, **kwargs)
+        for layer in self.layers:
+            x = layer(x, attention_mask=attention_mask, position_ids=position_ids,
+                      position_embeddings=position_embeddings, **kwargs)
+        return x
+
+    def draft_forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                      attention_mask: torch.Tensor | None, cache: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        kwargs = {"cache": cache, "use_cache": True} if cache is not None else {}
+        x = self._layers_forward(self.embed(input_ids), hidden.to(self.param_dtype), position_ids, attention_mask,
+                                 **kwargs)
+        return x, self.lm_head(self.norm(x))
+
+    def ttt_outputs(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
+                    steps: int | None = None) -> list[torch.Tensor]:
+        """The draft's output features [B, T, h] of each of the S training-time-test steps.
+
+        Step s at index i: input token ``x_{i+s+1}`` (zero embedding past the end), hidden = fc(target features)
+        at s = 0 else the step-(s-1) output at i, position ``i + s``; attention over step-0 keys ``0..i``
+        (causal, padding keys masked) plus this index's keys of steps 1..s (see
+        :func:`~specgraft.heads.eagle_layers.eagle_attention_forward`). Its logits predict ``x_{i+s+2}``.
+        """
+        steps = self.config.ttt_steps if steps is None else int(steps)
+        input_ids = batch["input_ids"]  # [B, T]
+        seq_len = input_ids.shape[1]
+        hidden = self.input_features(target_out.hidden_states)  # [B, T, h]
+        embeds = self.embed(input_ids)  # [B, T, h]
+        real = batch.get("attention_mask")
+        key_valid = None
+        if real is not None and not bool(real.bool().all()):
+            key_valid = F.pad(real.bool()[:, 1:], (0, 1), value=False)  # pair i holds token i+1
+        mask = causal_additive_mask(seq_len, key_valid, hidden.dtype, hidden.device)  # [B or 1, 1, T, T]
+        base_positions = torch.arange(seq_len, device=hidden.device)[None]  # [1, T]
+        state = TTTKeys()
+        outputs = []
+        for s in range(steps):
+            step_embeds = F.pad(embeds[:, s + 1 :], (0, 0, 0, min(s + 1, seq_len)))  # [B, T, h]: x_{i+s+1}
+            hidden = self._layers_forward(step_embeds, hidden, base_positions + s, mask, eagle_ttt=state)
+            outputs.append(hidden)
+        return outputs
+
+    def ttt_logits(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
+                   steps: int | None = None) -> list[torch.Tensor]:
+        """Draft-vocab logits [B, T, Vd] of each TTT step (see :meth:`ttt_outputs`)."""
+        return [self.lm_head(self.norm(out)) for out in self.ttt_outputs(batch, target_out, steps)]
+
+    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput) -> HeadLoss:
+        """:func:`eagle3_ttt_loss`, computed on the scored rows only (the lm_head and the soft cross-entropy run on
+        the rows that count, without materialising shifted copies of the target distribution)."""
+        target_logits = target_out.logits
+        if target_logits is None:
+            last = target_out.hidden_states.get(self.target.num_layers)
+            if last is None:
+                raise SpecgraftError("EAGLE-3 training needs the target's logits (soft targets); run the target with "
+                                     "logits=True (Eagle3Head.needs_target_logits) or cache its last layer")
+            target_logits = self.target.logits_from_hidden(last)  # the post-norm last layer feeds the lm_head
+        outputs = self.ttt_outputs(batch, target_out)
+        labels = _label_positions(batch)  # [B, T]
+        seq_len = labels.shape[1]
+        with torch.no_grad():
+            full = target_logits.float()  # [B, T, V]
+            if self.config.draft_vocab_size == self.target.vocab_size:
+                restricted, in_vocab = full, None  # the draft vocab is the target vocab (d2t = 0)
+            else:
+                restricted = full.index_select(-1, self.draft_token_ids().to(full.device))  # [B, T, Vd]
+                in_vocab = restricted.amax(-1) >= full.amax(-1)  # [B, T] target top-1 inside the draft vocab
+            target_probs = torch.softmax(restricted, dim=-1)  # [B, T, Vd]
+            target_top1 = restricted.argmax(-1, keepdim=True)  # [B, T, 1] draft id of the target's top-1
+        total = None
+        metrics: dict[str, torch.Tensor] = {}
+        for s, out in enumerate(outputs):
+            # Index i (0 <= i < T-s-2) predicts token i+s+2 against the target's distribution at i+s+1.
+            length = max(seq_len - s - 2, 0)
+            scored = labels[:, s + 2 :]  # [B, L]
+            if in_vocab is not None:
+                scored = scored & in_vocab[:, s + 1 : s + 1 + length]
+            logits = self.lm_head(self.norm(out[:, :length][scored]))  # [N, Vd]
+            probs = target_probs[:, s + 1 : s + 1 + length][scored]  # [N, Vd]
+            ce = -(probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)  # [N]
+            count = max(ce.numel(), 1)
+            step_loss = ce.sum() / count
+            term = (self.config.loss_decay ** s) * step_loss
+            total = term if total is None else total + term
+            with torch.no_grad():
+                best = target_top1[:, s + 1 : s + 1 + length][scored]  # [N, 1]
+                hit = logits.gather(-1, best) >= logits.amax(-1, keepdim=True)
+                metrics[f"loss/step{s}"] = step_loss.detach()
+                metrics[f"top1/step{s}"] = hit.float().sum() / count
+        assert total is not None  # ttt_steps >= 1 (validated)
+        return HeadLoss(loss=total, metrics=metrics)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The loss as a pure function (the reference the fast training path is pinned against)
+
+
+def _label_positions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[B, T] bool: real tokens that are loss (assistant) tokens."""
+    input_ids = batch["input_ids"]
+    mask = torch.ones_like(input_ids, dtype=torch.bool)
+    if batch.get("attention_mask") is not None:
+        mask = mask & batch["attention_mask"].bool()
+    if batch.get("loss_mask") is not None:
+        mask = mask & batch["loss_mask"].bool()
+    return mask
+
+
+def _shift(x: torch.Tensor, offset: int, length: int) -> torch.Tensor:
+    """``y[:, i] = x[:, i + offset]`` for i + offset < length, zero/False beyond: [B, T, ...] -> [B, T, ...]."""
+    pad = [0, 0] * (x.dim() - 2) + [0, min(offset, length)]
+    return F.pad(x[:, offset:], pad)
+
+
+def _restricted_targets(target_logits: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Target distribution restricted (and renormalised) to the draft vocab [B, T, Vd], whether the target's top-1
+    is in the draft vocab [B, T], and the target's top-1 id [B, T]."""
+    with torch.no_grad():
+        logits = target_logits.float()
+        top1 = logits.argmax(-1)  # [B, T]
+        in_vocab = t2d.to(logits.device)[top1]
+        restricted = logits.index_select(-1, draft_to_target_ids(d2t).to(logits.device))  # [B, T, Vd]
+        return torch.softmax(restricted, dim=-1), in_vocab, top1
+
+
+def _step_mask(labels: torch.Tensor, in_vocab: torch.Tensor, step: int) -> torch.Tensor:
+    """[B, T] bool: index i at step s counts when token ``i+s+2`` is a loss token and the target's top-1 at
+    ``i+s+1`` (its prediction of that token) is in the draft vocab."""
+    seq_len = labels.shape[1]
+    return _shift(labels, step + 2, seq_len) & _shift(in_vocab, step + 1, seq_len)
+
+
+def eagle3_ttt_loss(
+    step_logits: Sequence[torch.Tensor],
+    target_logits: torch.Tensor,
+    loss_mask: torch.Tensor,
+    d2t: torch.Tensor,
+    t2d: torch.Tensor,
+    decay: float = 0.8,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """EAGLE-3 training-time-test loss: ``sum_s decay**s * L_s``.
+
+    Args:
+        step_logits: S tensors [B, T, Vd]; ``step_logits[s][b, i]`` is the draft at index i after s unrolled steps,
+            which predicts token ``x_{i+s+2}``.
+        target_logits: [B, T, V] the target's logits; position t predicts ``x_{t+1}``, so the target distribution
+            for ``step_logits[s][:, i]`` is ``target_logits[:, i+s+1]``.
+        loss_mask: [B, T] 1 on real loss tokens (assistant tokens that are not padding), at the TOKEN's position.
+        d2t: [Vd] offsets (draft id d is target id ``d + d2t[d]``); t2d: [V] bool, target ids in the draft vocab.
+        decay: step weight base.
+
+    ``L_s`` is the mean, over indices i with ``i+s+2 < T``, ``loss_mask[i+s+2] == 1`` and the target's top-1 at
+    ``i+s+1`` inside the draft vocab, of ``-sum_d p(d) log softmax(step_logits[s][i])(d)`` where p is the softmax
+    of the target's logits at ``i+s+1`` restricted to the draft vocab's target ids. A step without such indices
+    contributes 0.
+
+    Returns:
+        (the scalar loss, the S per-step losses).
+    """
+    target_probs, in_vocab, _ = _restricted_targets(target_logits, d2t, t2d)
+    labels = loss_mask.bool()
+    seq_len = labels.shape[1]
+    total = None
+    per_step = []
+    for s, logits in enumerate(step_logits):
+        mask = _step_mask(labels, in_vocab, s)  # [B, T]
+        probs = _shift(target_probs, s + 1, seq_len)  # [B, T, Vd]
+        ce = -(probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)  # [B, T]
+        step_loss = masked_mean(ce, mask)
+        per_step.append(step_loss)
+        term = (decay ** s) * step_loss
+        total = term if total is None else total + term
+    if total is None:
+        raise ValueError("eagle3_ttt_loss needs at least one step")
+    return total, per_step

@@ -1,0 +1,265 @@
+"""EAGLE-1/2/3 drafting for the speculative decoder: a dynamic draft tree (EAGLE-2) or a chain.
+
+The draft works on (feature, next token) pairs: pair ``i`` is the target feature of position ``i`` with the token
+``x_{i+1}``, at draft position ``i``; its output feature predicts the token ``x_{i+2}`` and is fed back as the
+feature of the next pair. Per decoding step (see :mod:`specgraft.eval.drafter` for the protocol):
+
+1. Catch up: run the pairs whose target features the decoder just delivered (positions ``hidden_start .. L-2``,
+   paired with the tokens up to the root) on top of the draft's own KV cache (a transformers ``DynamicCache``).
+   The output at pair ``L-2`` gives the distribution of the root's children.
+2. Draft a tree. Dynamic tree (EAGLE-2): the root's top-k children are the depth-1 candidates; at each further depth
+   the ``top_k`` candidates with the best cumulative log-probability are expanded -- fed to the draft in ONE
+   forward under a tree mask (each sees the committed pairs, its ancestors and itself, at position ``L-2+d``) --
+   and each proposes its own top-k children. Finally every candidate is ranked by cumulative log-probability and
+   the best ``total_tokens - 1`` form the tree (ties go to the earlier candidate, so a node's parent always ranks
+   before it). Chain: one token per depth, the argmax (greedy) or a draw from the draft distribution (sampling).
+3. After the verdict (:meth:`EagleDrafter.accept`) the draft's cache is cut back to the committed pairs: the next
+   step re-runs the accepted positions with the target's TRUE features, exactly what training saw.
+
+Siblings in the dynamic tree are the draft's deterministic top-k (``sampled=False``: the verifier then uses the
+deterministic-sibling rule, which is lossless); a sampled chain is marked ``sampled=True``. ``q`` of each node is
+the draft's distribution at its parent processed with the decoder's sampling settings (one-hot of the argmax at
+temperature 0), over the full target vocabulary (zero outside an EAGLE-3 draft vocabulary).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from specgraft.errors import SpecgraftError, TargetMismatchError
+from specgraft.eval import kv
+from specgraft.eval.drafter import DraftContext, Drafter
+from specgraft.eval.tree import DraftTree
+from specgraft.eval.verify import process_logits
+from specgraft.heads.eagle import EagleHeadBase
+
+#: Drafting modes.
+MODES = ("tree", "chain")
+
+
+class EagleDrafter(Drafter):
+    """Drafts with a trained EAGLE-1 (``eagle``) or EAGLE-3 (``eagle3``) head.
+
+    Args:
+        head: the head (its ``target`` must be the model being decoded, or one with the same identity).
+        mode: ``tree`` (EAGLE-2 dynamic tree) or ``chain``.
+        top_k: children per expanded node, and nodes expanded per depth (tree mode).
+        depth: the deepest draft node (tree and chain).
+        total_tokens: tree size including the root; the tree keeps the best ``total_tokens - 1`` candidates.
+    """
+
+    def __init__(self, head: EagleHeadBase, mode: str = "tree", top_k: int = 10, depth: int = 6,
+                 total_tokens: int = 60) -> None:
+        if not isinstance(head, EagleHeadBase):
+            raise SpecgraftError(f"EagleDrafter needs an eagle or eagle3 head, got {type(head).__name__}; use the "
+                                 "Medusa drafter for Medusa heads")
+        if mode not in MODES:
+            raise SpecgraftError(f"EAGLE drafting mode must be one of {MODES}, got {mode!r}")
+        for name, value, low in (("top_k", top_k, 1), ("depth", depth, 1), ("total_tokens", total_tokens, 2)):
+            if isinstance(value, bool) or int(value) != value or value < low:
+                raise SpecgraftError(f"EAGLE drafter {name} must be an integer >= {low}, got {value!r}")
+        self.head = head
+        self.mode = mode
+        self.top_k = int(top_k)
+        self.depth = int(depth)
+        self.total_tokens = int(total_tokens)
+        self.needs_hidden_states = tuple(head.required_layers())
+        self._vocab_size = head.target_identity.vocab_size
+        self.reset()
+
+    # -- protocol --------------------------------------------------------------------------------------------
+    def bind(self, target: Any, tokenizer: Any = None) -> None:
+        model = getattr(target, "model", target) if hasattr(target, "identity") else target
+        config = kv.text_config(model)
+        ident = self.head.target_identity
+        actual = {"vocab_size": int(config.vocab_size), "hidden_size": int(config.hidden_size),
+                  "num_hidden_layers": int(config.num_hidden_layers), "architecture": type(model).__name__}
+        diffs = [f"{k} {getattr(ident, k)} vs {v}" for k, v in actual.items() if getattr(ident, k) != v]
+        if diffs:
+            raise TargetMismatchError(f"this {self.head.head_type} head was made for {ident.name_or_path}, not the "
+                                      f"model being decoded ({'; '.join(diffs)}); load the head onto its own target")
+        if tokenizer is not None and ident.tokenizer_fingerprint is not None:
+            from specgraft.target import tokenizer_fingerprint
+
+            if tokenizer_fingerprint(tokenizer) != ident.tokenizer_fingerprint:
+                raise TargetMismatchError(f"the decoder's tokenizer differs from the one the {self.head.head_type} "
+                                          "head was trained with; decode with the target's own tokenizer")
+
+    def reset(self) -> None:
+        self._cache = kv.new_cache()
+        self._seen = 0  # pairs with TRUE target features in the cache: positions 0 .. _seen-1
+
+    def accept(self, accepted_node_indices: Sequence[int], bonus_token: int) -> None:
+        # Drop every tree entry: the accepted positions come back next step with the target's true features.
+        kv.crop_cache(self._cache, self._seen)
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        head = self.head
+        was_training = head.training
+        head.eval()
+        try:
+            return self._propose(ctx)
+        finally:
+            head.train(was_training)
+
+    # -- internals -------------------------------------------------------------------------------------------
+    def _propose(self, ctx: DraftContext) -> DraftTree:
+        device = ctx.token_ids.device
+        length = ctx.length
+        start = int(ctx.hidden_start)
+        if start > self._seen:
+            raise SpecgraftError(f"the EAGLE drafter has target features up to position {self._seen - 1} but the "
+                                 f"decoder resumes at {start}; call reset() before each prompt")
+        # Forget anything beyond the delivered start (a proposal without accept(), or a rewound history).
+        kv.crop_cache(self._cache, start)
+        self._seen = start
+        new = length - 1 - start  # pairs to run with true features
+        depth = min(self.depth, int(ctx.max_depth))
+        if new <= 0 or depth <= 0:
+            return DraftTree.empty(device)
+        head = self.head
+        head_device = next(head.parameters()).device
+        dtype = head.param_dtype
+        states = {int(i): ctx.hidden_states[int(i)].to(head_device).unsqueeze(0) for i in self.needs_hidden_states}
+        features = head.input_features(states)  # [1, new, h]
+        ids = ctx.token_ids[start + 1 : length].to(head_device).unsqueeze(0)  # [1, new]: x_{i+1} of pair i
+        positions = torch.arange(start, length - 1, device=head_device)
+        visible = torch.ones(new, start + new, dtype=torch.bool, device=head_device)
+        visible[:, start:] = torch.ones(new, new, dtype=torch.bool, device=head_device).tril()
+        out, logits = head.draft_forward(ids, features, positions[None], _additive(visible, dtype), self._cache)
+        self._seen = length - 1
+        root_feature, root_logits = out[:, -1:], logits[0, -1]  # [1, 1, h], [V_out]
+        token_map = head.draft_token_ids()
+        if token_map is not None:
+            token_map = token_map.to(head_device)
+        if self.mode == "chain":
+            return self._chain(ctx, root_feature, root_logits, token_map, depth, device)
+        return self._tree(ctx, root_feature, root_logits, token_map, depth, device)
+
+    def _q_full(self, logits: torch.Tensor, ctx: DraftContext, token_map: torch.Tensor | None) -> torch.Tensor:
+        """[m, V_out] draft logits -> [m, V] processed probabilities over the target vocabulary."""
+        probs = process_logits(logits, ctx.sampling)  # [m, V_out]
+        if token_map is None:
+            return probs
+        full = probs.new_zeros(probs.shape[0], self._vocab_size)
+        full[:, token_map] = probs
+        return full
+
+    def _feed(self, tokens: torch.Tensor, features: torch.Tensor, position: int,
+              ancestors: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Run one tree level: tokens [m] (target ids) with their parents' features [m, h] at ``position``; row r
+        sees the committed pairs, the cache slots ``ancestors[r]`` and itself. Returns out [m, h], logits
+        [m, V_out] and the cache slot of each row."""
+        past = kv.cache_length(self._cache)
+        m = tokens.shape[0]
+        device = features.device
+        visible = torch.zeros(m, past + m, dtype=torch.bool, device=device)
+        visible[:, : self._seen] = True
+        for r, slots in enumerate(ancestors):
+            if slots:
+                visible[r, slots] = True
+            visible[r, past + r] = True
+        positions = torch.full((1, m), position, dtype=torch.long, device=device)
+        out, logits = self.head.draft_forward(tokens.unsqueeze(0), features.unsqueeze(0), positions,
+                                              _additive(visible, self.head.param_dtype), self._cache)
+        return out[0], logits[0], [past + r for r in range(m)]
+
+    def _tree(self, ctx: DraftContext, root_feature: torch.Tensor, root_logits: torch.Tensor,
+              token_map: torch.Tensor | None, depth: int, device: torch.device) -> DraftTree:
+        k = min(self.top_k, root_logits.shape[-1])
+        dists = [self._q_full(root_logits[None], ctx, token_map)[0]]  # q rows: dists[j] = distribution j
+        # Candidates, in creation order: token (target id), parent candidate (-1 = root), score, q row, depth.
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        q_index: list[int] = []
+        slot_of: dict[int, int] = {}  # expanded candidate -> cache slot
+        feature_of: dict[int, torch.Tensor] = {}  # expanded candidate -> its output feature [h]
+
+        def add_children(parent: int, logp: torch.Tensor, base: float, dist: int) -> list[int]:
+            top = torch.topk(logp, k)
+            ids = top.indices if token_map is None else token_map[top.indices]
+            made = []
+            for tok, lp in zip(ids.tolist(), top.values.tolist()):
+                made.append(len(tokens))
+                tokens.append(int(tok))
+                parents.append(parent)
+                scores.append(base + float(lp))
+                q_index.append(dist)
+            return made
+
+        level = add_children(-1, torch.log_softmax(root_logits.float(), -1), 0.0, 0)
+        parent_feature = {-1: root_feature[0, 0]}
+        for d in range(1, depth):
+            # Expand the top_k candidates of this depth by cumulative score (stable: earlier wins ties).
+            order = sorted(level, key=lambda c: (-scores[c], c))[: self.top_k]
+            order.sort()
+            feats = torch.stack([parent_feature[parents[c]] if parents[c] < 0 else feature_of[parents[c]]
+                                 for c in order])
+            ancestors = []
+            for c in order:
+                chain, a = [], parents[c]
+                while a >= 0:
+                    chain.append(slot_of[a])
+                    a = parents[a]
+                ancestors.append(chain)
+            ids = torch.tensor([tokens[c] for c in order], dtype=torch.long, device=feats.device)
+            out, logits, slots = self._feed(ids, feats, self._seen - 1 + d, ancestors)
+            logp = torch.log_softmax(logits.float(), -1)  # [m, V_out]
+            q_rows = self._q_full(logits, ctx, token_map)  # [m, V]
+            level = []
+            for r, c in enumerate(order):
+                slot_of[c] = slots[r]
+                feature_of[c] = out[r]
+                dists.append(q_rows[r])
+                level.extend(add_children(c, logp[r], scores[c], len(dists) - 1))
+        # Keep the best total_tokens - 1 candidates; a parent's score is >= its children's and it was created
+        # first, so with ties broken by creation order every kept node's parent is kept too.
+        ranked = sorted(range(len(tokens)), key=lambda c: (-scores[c], c))[: self.total_tokens - 1]
+        kept = sorted(ranked)
+        index = {c: i for i, c in enumerate(kept)}
+        if any(parents[c] >= 0 and parents[c] not in index for c in kept):
+            raise AssertionError("EAGLE tree selection kept a node without its parent")  # see the ordering above
+        q = torch.stack([dists[q_index[c]] for c in kept]).to(device)
+        return DraftTree(tokens=torch.tensor([tokens[c] for c in kept], dtype=torch.long, device=device),
+                         parents=torch.tensor([index[parents[c]] if parents[c] >= 0 else -1 for c in kept],
+                                              dtype=torch.long, device=device),
+                         q=q, sampled=False)
+
+    def _chain(self, ctx: DraftContext, root_feature: torch.Tensor, root_logits: torch.Tensor,
+               token_map: torch.Tensor | None, depth: int, device: torch.device) -> DraftTree:
+        sampled = not ctx.sampling.greedy
+        feature, logits = root_feature[0, 0], root_logits
+        tokens: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        slots: list[int] = []
+        for d in range(1, depth + 1):
+            q = self._q_full(logits[None], ctx, token_map)[0]  # [V]
+            if sampled:
+                draw = torch.multinomial(q.to(ctx.generator.device) if ctx.generator is not None else q, 1,
+                                         generator=ctx.generator)
+                token = int(draw[0])
+            else:
+                best = int(logits.argmax())
+                token = best if token_map is None else int(token_map[best])
+            tokens.append(token)
+            q_rows.append(q)
+            if d == depth:
+                break
+            ids = torch.tensor([token], dtype=torch.long, device=feature.device)
+            out, out_logits, new_slots = self._feed(ids, feature[None], self._seen - 1 + d, [list(slots)])
+            slots.extend(new_slots)
+            feature, logits = out[0], out_logits[0]
+        return DraftTree.chain(torch.tensor(tokens, dtype=torch.long, device=device),
+                               q=torch.stack(q_rows).to(device), sampled=sampled)
+
+
+def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[q, kv] bool visibility -> [1, 1, q, kv] additive mask (0 visible, the dtype's minimum elsewhere)."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]

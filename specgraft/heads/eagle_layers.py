@@ -1,0 +1,306 @@
+"""Building blocks shared by the EAGLE heads, made from the TARGET's own transformers classes.
+
+No modeling code is copied: a draft decoder layer is an instance of ``type(target.decoder_layers[0])`` built from a
+copy of the target's config (``num_hidden_layers`` = draft layers, every layer full attention), positions come from
+the target's own rotary embedding module, and EAGLE-3's midlayer re-uses the family's attention, MLP and norm
+classes (only the q/k/v input projections are re-created to take ``2h`` inputs).
+
+Draft attention (both heads) goes through :func:`eagle_attention_forward`, registered with transformers'
+``AttentionInterface`` under :data:`EAGLE_ATTENTION` so that the family's attention module (its projections, q/k
+norms, RoPE and soft-capping) runs unchanged while the score computation always honours explicit 4D masks (tree
+drafting; the target's own backend may be flash attention) and supports training-time test:
+
+* without TTT state it is ordinary attention under an explicit additive mask (decoding, with a KV cache);
+* with a :class:`TTTKeys` state (training-time test) step ``s`` of the unrolled draft attends, at every position
+  ``i`` at once, to the step-0 keys ``K0[0..i]`` (causal) plus the ``s`` "diagonal" keys ``K1[i] .. Ks[i]`` the same
+  position produced at the earlier steps -- exactly what a KV cache holds when decoding position ``i`` for ``s``
+  more steps, at a cost of one ``T x T`` score matrix plus ``s`` dot products per position.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specgraft.errors import SpecgraftError
+from specgraft.target import Target
+
+#: Name of the attention function registered with transformers' AttentionInterface for EAGLE-3 drafts.
+EAGLE_ATTENTION = "specgraft_eagle"
+
+#: Input projections of an attention module that read the layer input (re-created with 2h inputs for EAGLE-3).
+_QKV_NAMES = ("q_proj", "k_proj", "v_proj", "qkv_proj")
+
+#: Norm attributes a decoder layer may have, by layout.
+_PRE_NORM = {"input_layernorm", "post_attention_layernorm"}
+_SANDWICH_NORM = _PRE_NORM | {"pre_feedforward_layernorm", "post_feedforward_layernorm"}
+
+
+# -- config and layers -----------------------------------------------------------------------------------------
+def draft_layer_config(target: Target, num_layers: int, attn_implementation: str | None = None) -> Any:
+    """A copy of the target's (text) config describing a ``num_layers``-layer draft of the same family.
+
+    Every draft layer is full attention (the draft's masks are explicit; sliding windows of the target's layers do
+    not apply to its one or two layers), and ``attn_implementation`` overrides the target's attention backend.
+    """
+    cfg = copy.deepcopy(target.text_config)
+    cfg.num_hidden_layers = num_layers
+    if getattr(cfg, "layer_types", None) is not None:
+        cfg.layer_types = ["full_attention"] * num_layers
+    if hasattr(cfg, "use_sliding_window"):
+        cfg.use_sliding_window = False
+    if attn_implementation is not None:
+        cfg._attn_implementation = attn_implementation
+    return cfg
+
+
+def decoder_layer_class(target: Target) -> type[nn.Module]:
+    """The class of the target's decoder layers (LlamaDecoderLayer, Qwen3DecoderLayer, ...)."""
+    try:
+        layers = target.decoder_layers
+    except AttributeError:
+        layers = None
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise SpecgraftError(f"{target.name_or_path} ({target.identity.architecture}) exposes no decoder layers "
+                             "(model.get_decoder().layers); EAGLE heads support decoder-only transformers LMs with "
+                             "a `layers` list (Llama, Qwen, Mistral, Gemma, Phi, ...)")
+    return type(layers[0])
+
+
+def build_decoder_layer(target: Target, cfg: Any, layer_idx: int) -> nn.Module:
+    """A freshly initialised decoder layer of the target's family for config ``cfg``."""
+    cls = decoder_layer_class(target)
+    try:
+        layer = cls(cfg, layer_idx)
+    except TypeError as exc:
+        raise SpecgraftError(f"cannot build a {cls.__name__} for the draft ({exc}); this architecture's decoder "
+                             "layer does not follow the transformers (config, layer_idx) convention, so EAGLE "
+                             "heads do not support it") from None
+    for name in ("self_attn", "mlp"):
+        if not isinstance(getattr(layer, name, None), nn.Module):
+            raise SpecgraftError(f"{cls.__name__} has no `{name}` module; EAGLE heads support decoder layers with "
+                                 "self_attn and mlp sub-modules (Llama, Qwen, Mistral, Gemma, Phi, ...)")
+    return layer
+
+
+def target_rotary(target: Target) -> nn.Module:
+    """The target's rotary embedding module (borrowed: it holds no trainable parameters)."""
+    rotary = getattr(target.model.get_decoder(), "rotary_emb", None)
+    if not isinstance(rotary, nn.Module):
+        raise SpecgraftError(f"{target.identity.architecture} has no rotary embedding module (rotary_emb); EAGLE "
+                             "heads support RoPE models (Llama, Qwen, Mistral, Gemma, Phi, ...)")
+    return rotary
+
+
+class RotaryPositions:
+    """``(cos, sin)`` for draft positions from the target's rotary module.
+
+    Gemma-3 keeps one RoPE per layer type; the draft's layers are full attention, so they use the target's
+    ``full_attention`` RoPE when it has one, else the type of the target's last layer.
+    """
+
+    def __init__(self, target: Target) -> None:
+        self.rotary = target_rotary(target)
+        self.layer_type: str | None = None
+        if "layer_type" in inspect.signature(self.rotary.forward).parameters:
+            types = list(getattr(self.rotary, "layer_types", None) or [])
+            target_types = list(getattr(target.text_config, "layer_types", None) or [])
+            if "full_attention" in types:
+                self.layer_type = "full_attention"
+            elif target_types:
+                self.layer_type = target_types[-1]
+            elif types:
+                self.layer_type = types[-1]
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: any [B, T, h] tensor (gives dtype/device); position_ids: [B or 1, T] -> cos, sin [B or 1, T, d]."""
+        if self.layer_type is not None:
+            return self.rotary(x, position_ids, self.layer_type)
+        return self.rotary(x, position_ids)
+
+
+# -- masks -------------------------------------------------------------------------------------------------------
+def causal_additive_mask(
+    length: int, key_valid: torch.Tensor | None, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Additive causal mask [B or 1, 1, T, T]: 0 where query i may see key j (j <= i and key j valid), else the
+    dtype's minimum. The diagonal is always open so padded rows never become all-masked (no NaN)."""
+    allowed = torch.ones(length, length, dtype=torch.bool, device=device).tril()[None]  # [1, T, T]
+    if key_valid is not None:
+        eye = torch.eye(length, dtype=torch.bool, device=device)[None]
+        allowed = (allowed & key_valid.bool()[:, None, :]) | eye  # [B, T, T]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+# -- attention ---------------------------------------------------------------------------------------------------
+class TTTKeys:
+    """Keys/values of the unrolled steps of training-time test, per draft layer.
+
+    The first call for a layer stores the step-0 keys/values ``K0, V0`` [B, Hkv, T, d]; each later call appends
+    that step's ``Kr, Vr`` (same shape), which position ``i`` sees only at its own row (the "diagonal").
+    """
+
+    def __init__(self) -> None:
+        self.base: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.diag: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def add(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        if layer_idx not in self.base:
+            self.base[layer_idx] = (key, value)
+            self.diag[layer_idx] = []
+        else:
+            self.diag[layer_idx].append((key, value))
+
+
+def register_eagle_attention() -> None:
+    """Register :func:`eagle_attention_forward` with transformers (idempotent; called when a head is built)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(EAGLE_ATTENTION, eagle_attention_forward)
+
+
+def eagle_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    eagle_ttt: TTTKeys | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention with optional training-time-test diagonal keys (an ``AttentionInterface`` function).
+
+    Shapes: query [B, H, Q, d]; key/value [B, Hkv, K, d] (after the KV cache when decoding); attention_mask additive
+    [B or 1, 1, Q, K] or None (no masking). Returns the output [B, Q, H, d] like every transformers backend.
+
+    With ``eagle_ttt`` (training, Q == K == T): the first call of a layer is step 0 and stores ``key/value`` as
+    ``K0/V0``; at step s >= 1 this call's ``key/value`` become ``Ks/Vs``, and position i's scores are
+    ``[q_i . K0[j] for j <= i (mask)] ++ [q_i . Kr[i] for r = 1..s]`` -- a [B, H, T, T] block plus s diagonal
+    columns [B, H, T, 1], softmaxed jointly, so that all T positions are computed in parallel at each step.
+    """
+    extra: list[tuple[torch.Tensor, torch.Tensor]] = []
+    if eagle_ttt is not None:
+        eagle_ttt.add(module.layer_idx, key, value)
+        key, value = eagle_ttt.base[module.layer_idx]
+        extra = eagle_ttt.diag[module.layer_idx]
+    bsz, heads, q_len, head_dim = query.shape
+    kv_heads, k_len = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    scale = scaling if scaling is not None else head_dim**-0.5
+    p_drop = dropout if module.training else 0.0
+    if not extra and not softcap:
+        # Plain masked attention (step 0, decoding): torch's fused kernel.
+        out = F.scaled_dot_product_attention(query, _repeat_kv(key, groups), _repeat_kv(value, groups),
+                                             attn_mask=attention_mask, dropout_p=p_drop, scale=scale)
+        return out.transpose(1, 2).contiguous(), None
+    # Grouped-query attention without repeating keys: the G query heads of a KV head share one matmul.
+    q_grouped = query.reshape(bsz, kv_heads, groups * q_len, head_dim)
+    scores = torch.matmul(q_grouped, key.transpose(-1, -2)).view(bsz, kv_heads, groups, q_len, k_len) * scale
+    q5 = q_grouped.view(bsz, kv_heads, groups, q_len, head_dim)
+    diag = [(q5 * k.unsqueeze(2)).sum(-1, keepdim=True) * scale for k, _ in extra]  # each [B, Hkv, G, Q, 1]
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+        diag = [torch.tanh(d / softcap) * softcap for d in diag]
+    if attention_mask is not None:
+        scores = scores + attention_mask.unsqueeze(1)  # [B or 1, 1, 1, Q, K]
+    if diag:
+        scores = torch.cat([scores, *diag], dim=-1)  # [B, Hkv, G, Q, K + s]
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if p_drop:
+        weights = F.dropout(weights, p=p_drop)
+    # split (not slicing): its backward is one concatenation instead of a zero-filled full-size grad per slice.
+    parts = torch.split(weights, [k_len] + [1] * len(diag), dim=-1)
+    out = torch.matmul(parts[0].reshape(bsz, kv_heads, groups * q_len, k_len), value)
+    out = out.view(bsz, kv_heads, groups, q_len, head_dim)
+    for w, (_, v) in zip(parts[1:], extra):
+        out = out + w * v.unsqueeze(2)  # [B, Hkv, G, Q, 1] * [B, Hkv, 1, Q, d]
+    out = out.reshape(bsz, heads, q_len, head_dim).transpose(1, 2).contiguous()
+    return out, None
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[B, Hkv, K, d] -> [B, Hkv * groups, K, d] (each KV head repeated for its query heads)."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+# -- EAGLE-3 midlayer --------------------------------------------------------------------------------------------
+def _norm_attributes(layer: nn.Module) -> set[str]:
+    return {name for name, child in layer.named_children() if "norm" in name.lower() and name != "self_attn"}
+
+
+class Eagle3MidLayer(nn.Module):
+    """EAGLE-3's first draft layer: attention over ``concat(norm(embedding), norm(hidden))`` (2h wide), residual on
+    ``hidden`` (h wide), then the family's MLP block.
+
+    Built from a freshly initialised decoder layer of the target's family: its attention module (with the q/k/v
+    input projections re-created for 2h inputs), MLP and norms are taken over; ``hidden_norm`` is a fresh copy of
+    its input norm. Parameter names match the serving layout: ``self_attn.*``, ``mlp.*``, ``input_layernorm``
+    (applied to the embedding), ``hidden_norm``, ``post_attention_layernorm`` (+ Gemma's feed-forward norms).
+    """
+
+    def __init__(self, layer: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        norms = _norm_attributes(layer)
+        if norms == _SANDWICH_NORM:
+            self.sandwich = True  # Gemma-2/3: norms before and after both the attention and the MLP
+        elif norms == _PRE_NORM:
+            self.sandwich = False  # Llama, Qwen, Mistral, Phi: input norm + post-attention (pre-MLP) norm
+        else:
+            raise SpecgraftError(f"{type(layer).__name__} has norms {sorted(norms)}; the EAGLE-3 midlayer supports "
+                                 "pre-norm layers (input_layernorm, post_attention_layernorm) and Gemma's sandwich "
+                                 "norms; use the eagle head type for this target")
+        attn = layer.self_attn
+        found = False
+        for name in _QKV_NAMES:
+            proj = getattr(attn, name, None)
+            if isinstance(proj, nn.Linear):
+                if proj.in_features != hidden_size:
+                    raise SpecgraftError(f"{type(attn).__name__}.{name} reads {proj.in_features} features, not the "
+                                         f"hidden size {hidden_size}; EAGLE-3 cannot widen it to 2h")
+                setattr(attn, name, nn.Linear(2 * hidden_size, proj.out_features, bias=proj.bias is not None,
+                                              device=proj.weight.device, dtype=proj.weight.dtype))
+                found = True
+        if not found:
+            raise SpecgraftError(f"{type(attn).__name__} has none of the projections {', '.join(_QKV_NAMES)}; the "
+                                 "EAGLE-3 midlayer cannot widen its input to 2h; use the eagle head type")
+        self.self_attn = attn
+        self.mlp = layer.mlp
+        self.input_layernorm = layer.input_layernorm
+        self.hidden_norm = copy.deepcopy(layer.input_layernorm)
+        self.post_attention_layernorm = layer.post_attention_layernorm
+        if self.sandwich:
+            self.pre_feedforward_layernorm = layer.pre_feedforward_layernorm
+            self.post_feedforward_layernorm = layer.post_feedforward_layernorm
+
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """embeds, hidden: [B, T, h] -> [B, T, h] (kwargs: cache / eagle_ttt / position_ids for the attention)."""
+        residual = hidden
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2h]
+        attn, _ = self.self_attn(hidden_states=x, position_embeddings=position_embeddings,
+                                 attention_mask=attention_mask, **kwargs)
+        if self.sandwich:
+            attn = self.post_attention_layernorm(attn)
+        hidden = residual + attn
+        residual = hidden
+        if self.sandwich:
+            hidden = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
+        else:
+            hidden = self.mlp(self.post_attention_layernorm(hidden))
+        return residual + hidden

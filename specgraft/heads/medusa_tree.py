@@ -1,0 +1,349 @@
+"""Medusa decoding: the static sparse tree, its accuracy statistics, and the :class:`MedusaDrafter`.
+
+Medusa drafts with a tree fixed in advance. A node is a *path of choices* ``(i_1, ..., i_d)``: at depth ``j`` take
+the ``i_j``-th best token of head ``j - 1`` (head ``k`` guesses the token ``k + 2`` positions after the last token
+the target processed, i.e. depth ``k + 1`` below the root). If ``acc[k, i]`` is the measured probability that head
+``k``'s ``i``-th choice is the right token, a path is accepted with probability about ``prod_j acc[j-1, i_j]`` and the
+expected number of accepted drafts is the sum of that product over the tree's nodes. Since extending a path never
+raises its product, taking the ``n`` best paths one at a time (each time the best child of a node already in the
+tree) maximises that sum and always yields a tree (every prefix of a kept path is kept).
+
+The accuracies are measured on held-out data by :func:`measure_topk_accuracy` and stored in the head's config
+(``MedusaConfig.topk_accuracy``, written to ``head_config.json`` by ``save_pretrained``), so a drafter can rebuild
+the tree from the saved head alone; without them :func:`default_topk_accuracy` gives a conservative prior.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specgraft.errors import SpecgraftError, TargetMismatchError
+from specgraft.eval.drafter import DraftContext, Drafter
+from specgraft.eval.tree import DraftTree
+from specgraft.eval.verify import process_logits
+from specgraft.heads.medusa import MedusaHead, label_mask
+from specgraft.target import Target, tokenizer_fingerprint
+
+#: Draft nodes of the default tree (the root not counted): with the root, one verification forward of 64 tokens.
+DEFAULT_NUM_NODES = 63
+#: Choices per head considered by measurement and tree construction.
+DEFAULT_TOPK = 10
+#: The prior used when no accuracy was measured: head 0's top-1 accuracy, the factor per further head, and the
+#: factor per further rank (so acc[k, i] = TOP1 * HEAD_FACTOR**k * RANK_FACTOR**i).
+DEFAULT_TOP1_ACCURACY = 0.6
+DEFAULT_HEAD_FACTOR = 0.75
+DEFAULT_RANK_FACTOR = 0.35
+#: Tree modes of :class:`MedusaDrafter`.
+MODES = ("tree", "chain")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The static tree
+
+
+@dataclass(frozen=True)
+class MedusaTree:
+    """A static Medusa tree: node ``i`` is the choice path ``paths[i]`` (ranks per depth, 0 = best).
+
+    Nodes are in breadth-first order, siblings by ascending rank (best first), so ``parents[i] < i`` and the
+    structure can be handed to :class:`~specgraft.eval.tree.DraftTree` as it is.
+    """
+
+    paths: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        known = set(self.paths)
+        for path in self.paths:
+            if not path or any(c < 0 for c in path):
+                raise SpecgraftError(f"medusa tree path {path} must be a non-empty tuple of ranks >= 0")
+            if len(path) > 1 and path[:-1] not in known:
+                raise SpecgraftError(f"medusa tree path {path} has no parent {path[:-1]} in the tree")
+        if len(known) != len(self.paths):
+            raise SpecgraftError("medusa tree paths must be distinct")
+        if list(self.paths) != sorted(self.paths, key=_bfs_key):
+            raise SpecgraftError("medusa tree paths must be in breadth-first order (by depth, then ranks)")
+
+    @classmethod
+    def from_paths(cls, paths: Iterable[Sequence[int]]) -> MedusaTree:
+        """A tree from choice paths in any order (sorted breadth-first; every prefix must be present)."""
+        return cls(tuple(sorted((tuple(int(c) for c in p) for p in paths), key=_bfs_key)))
+
+    @property
+    def size(self) -> int:
+        """Draft nodes (the root not counted)."""
+        return len(self.paths)
+
+    @property
+    def depth(self) -> int:
+        return max((len(p) for p in self.paths), default=0)
+
+    @property
+    def max_rank(self) -> int:
+        """The largest rank used (so ``top-(max_rank + 1)`` of each head suffices)."""
+        return max((max(p) for p in self.paths), default=0)
+
+    def parents(self) -> list[int]:
+        """Parent node index of each node (-1 for children of the root)."""
+        index = {p: i for i, p in enumerate(self.paths)}
+        return [index[p[:-1]] if len(p) > 1 else -1 for p in self.paths]
+
+    def depths(self) -> list[int]:
+        """Depth of each node (1 for children of the root; head ``depth - 1`` proposes it)."""
+        return [len(p) for p in self.paths]
+
+    def ranks(self) -> list[int]:
+        """Each node's rank among its head's choices."""
+        return [p[-1] for p in self.paths]
+
+    def expected_accepted(self, accuracy: torch.Tensor) -> float:
+        """Expected accepted drafts per step (bonus not counted) if head choices were independent."""
+        acc = accuracy.double()
+        total = 0.0
+        for path in self.paths:
+            prob = 1.0
+            for depth, rank in enumerate(path):
+                prob *= float(acc[depth, rank]) if depth < acc.shape[0] and rank < acc.shape[1] else 0.0
+            total += prob
+        return total
+
+
+def _bfs_key(path: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+    return (len(path), path)
+
+
+def build_sparse_tree(accuracy: torch.Tensor | Sequence[Sequence[float]], num_nodes: int = DEFAULT_NUM_NODES,
+                      max_depth: int | None = None) -> MedusaTree:
+    """The greedy expected-acceptance-maximising tree of ``num_nodes`` nodes.
+
+    Args:
+        accuracy: [K, topk] ``acc[k, i]`` = P(head k's i-th choice is the right token).
+        num_nodes: draft nodes (root not counted).
+        max_depth: deepest level (default K, one level per head).
+    """
+    acc = torch.as_tensor(accuracy, dtype=torch.float64)
+    if acc.dim() != 2 or acc.shape[0] < 1 or acc.shape[1] < 1:
+        raise SpecgraftError(f"medusa accuracy must be a [num_heads, topk] matrix, got shape {tuple(acc.shape)}")
+    if not bool(((acc >= 0) & (acc <= 1)).all()):
+        raise SpecgraftError("medusa accuracies must be probabilities in [0, 1]; re-measure them")
+    if int(num_nodes) != num_nodes or num_nodes < 1:
+        raise SpecgraftError(f"medusa tree num_nodes must be a positive integer, got {num_nodes}")
+    num_heads, topk = acc.shape
+    depth_limit = num_heads if max_depth is None else min(int(max_depth), num_heads)
+    if depth_limit < 1:
+        raise SpecgraftError(f"medusa tree max_depth must be at least 1, got {max_depth}")
+    values = acc.tolist()
+    # Max-heap of candidate paths by product of accuracies; ties broken by breadth-first order (deterministic).
+    heap: list[tuple[float, tuple[int, tuple[int, ...]], tuple[int, ...]]] = []
+
+    def push_children(path: tuple[int, ...], prob: float) -> None:
+        depth = len(path)
+        if depth >= depth_limit:
+            return
+        for rank in range(topk):
+            child = path + (rank,)
+            heapq.heappush(heap, (-prob * values[depth][rank], _bfs_key(child), child))
+
+    push_children((), 1.0)
+    chosen: list[tuple[int, ...]] = []
+    while heap and len(chosen) < num_nodes:
+        neg_prob, _, path = heapq.heappop(heap)
+        chosen.append(path)
+        push_children(path, -neg_prob)
+    return MedusaTree.from_paths(chosen)
+
+
+def chain_tree(num_heads: int) -> MedusaTree:
+    """The chain of each head's top-1 choice: ``(0,), (0, 0), ...`` (``num_heads`` nodes)."""
+    if num_heads < 1:
+        raise SpecgraftError(f"a medusa chain needs at least one head, got {num_heads}")
+    return MedusaTree(tuple((0,) * d for d in range(1, num_heads + 1)))
+
+
+def default_topk_accuracy(num_heads: int, topk: int = DEFAULT_TOPK) -> torch.Tensor:
+    """A prior [K, topk] accuracy matrix for heads whose accuracy was never measured (decays with head and rank)."""
+    heads = torch.arange(num_heads, dtype=torch.float64).unsqueeze(1)  # [K, 1]
+    ranks = torch.arange(topk, dtype=torch.float64).unsqueeze(0)  # [1, topk]
+    return (DEFAULT_TOP1_ACCURACY * DEFAULT_HEAD_FACTOR ** heads * DEFAULT_RANK_FACTOR ** ranks).float()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Measuring the accuracies
+
+
+def _as_batch(item: Any, device: torch.device) -> dict[str, torch.Tensor]:
+    """One batch dict ([B, T] tensors) from a batch dict, a dataset row (lists) or a bare ids tensor."""
+    if isinstance(item, torch.Tensor):
+        item = {"input_ids": item}
+    if not isinstance(item, Mapping) or "input_ids" not in item:
+        raise SpecgraftError("measure_topk_accuracy needs batches or rows with input_ids (and optionally "
+                             "attention_mask and loss_mask)")
+    batch = {}
+    for key in ("input_ids", "attention_mask", "loss_mask"):
+        if item.get(key) is None:
+            continue
+        value = torch.as_tensor(item[key], dtype=torch.long)
+        if value.dim() == 1:
+            value = value.unsqueeze(0)
+        batch[key] = value.to(device)
+    return batch
+
+
+@torch.no_grad()
+def measure_topk_accuracy(head: MedusaHead, target: Target | None, batches: Iterable[Any],
+                          topk: int = DEFAULT_TOPK, max_batches: int | None = None) -> torch.Tensor:
+    """Estimate ``acc[k, i]`` = P(head k's i-th choice is the token k+2 positions ahead) on held-out data.
+
+    Args:
+        head: the trained Medusa heads.
+        target: the target the head was built for (None: ``head.target``).
+        batches: batches (dicts of [B, T] ``input_ids``/``attention_mask``/``loss_mask``), dataset rows (dicts of
+            lists) or [B, T] id tensors. Pairs are counted as in training: labels on ``loss_mask`` tokens only.
+        topk: ranks to measure.
+        max_batches: stop after this many batches.
+
+    Returns:
+        [K, topk] float32 accuracies (0 for a head that saw no labelled pair). Store them with
+        ``head.set_topk_accuracy(acc)`` before ``save_pretrained`` so drafters can build the tree without data.
+    """
+    target = head.target if target is None else target
+    if int(topk) != topk or topk < 1:
+        raise SpecgraftError(f"topk must be a positive integer, got {topk}")
+    num_heads = head.num_heads
+    hits = torch.zeros(num_heads, topk, dtype=torch.float64)
+    counts = torch.zeros(num_heads, dtype=torch.float64)
+    layer = head.required_layers()[0]
+    was_training = head.training
+    head.eval()
+    try:
+        for n, item in enumerate(batches):
+            if max_batches is not None and n >= max_batches:
+                break
+            batch = _as_batch(item, target.device)
+            input_ids = batch["input_ids"]
+            out = target.forward(input_ids, batch.get("attention_mask"), layers=(layer,), logits=False)
+            hidden = out.hidden_states[layer]  # [B, T, h]
+            labelled = label_mask(input_ids, batch.get("loss_mask"), batch.get("attention_mask"))
+            real = label_mask(input_ids, None, batch.get("attention_mask"))
+            seq_len = input_ids.shape[1]
+            for k in range(num_heads):
+                offset = k + 2
+                if seq_len <= offset:
+                    continue
+                sel = real[:, : seq_len - offset] & labelled[:, offset:]  # [B, T - offset]
+                rows = hidden[:, : seq_len - offset][sel]  # [N, h]
+                if rows.shape[0] == 0:
+                    continue
+                labels = input_ids[:, offset:][sel]  # [N]
+                logits = head.head_logits(rows, k)  # [N, V]
+                label_logit = logits.gather(-1, labels.unsqueeze(-1))  # [N, 1]
+                rank = (logits > label_logit).sum(-1)  # [N] 0 = top-1
+                hits[k] += torch.bincount(rank[rank < topk].cpu(), minlength=topk)[:topk].double()
+                counts[k] += rows.shape[0]
+    finally:
+        head.train(was_training)
+    return (hits / counts.clamp_min(1.0).unsqueeze(1)).float()
+
+
+def head_topk_accuracy(head: MedusaHead, topk: int = DEFAULT_TOPK) -> torch.Tensor:
+    """The head's stored measured accuracies, or :func:`default_topk_accuracy` when none were measured."""
+    stored = head.config.topk_accuracy
+    if stored is None:
+        return default_topk_accuracy(head.num_heads, topk)
+    return torch.tensor(stored, dtype=torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The drafter
+
+
+class MedusaDrafter(Drafter):
+    """Drafts with Medusa heads: a static tree (or chain) of the heads' top choices below the root.
+
+    Each step reads the target's last hidden state at the last position the target processed (the token before
+    the root), runs the K heads once, and fills the static tree: a node of depth ``d`` and rank ``i`` gets head
+    ``d - 1``'s ``i``-th best token. Siblings are deterministic top-k choices, best first (``sampled=False``), which
+    both greedy and lossless sampling verification accept. ``q`` (when ``report_q``) is each node's head
+    distribution: the softmax of the head's logits under greedy decoding, the heads' logits processed with the
+    decoder's sampling settings otherwise, so ``alpha_exact`` is reported.
+
+    Args:
+        head: the Medusa heads (built for the target being decoded).
+        mode: ``tree`` (static sparse tree) or ``chain`` (top-1 of each head).
+        num_nodes: draft nodes of the tree (root not counted).
+        accuracy: [K, topk] accuracies to build the tree from (default: the head's stored ones, else the prior).
+        max_depth: deepest level drafted (default: K).
+        report_q: return per-node draft distributions ([n, V]; costs n * V floats per step).
+    """
+
+    def __init__(self, head: MedusaHead, mode: str = "tree", num_nodes: int = DEFAULT_NUM_NODES,
+                 accuracy: torch.Tensor | Sequence[Sequence[float]] | None = None, max_depth: int | None = None,
+                 report_q: bool = True) -> None:
+        if not isinstance(head, MedusaHead):
+            raise SpecgraftError(f"MedusaDrafter needs a MedusaHead, got {type(head).__name__}; load the head "
+                                 "with load_head and pass a medusa one")
+        if mode not in MODES:
+            raise SpecgraftError(f"medusa drafting mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.head = head
+        self.mode = mode
+        self.report_q = report_q
+        self.needs_hidden_states = tuple(head.required_layers())
+        if mode == "chain":
+            depth = head.num_heads if max_depth is None else min(int(max_depth), head.num_heads)
+            self.tree = chain_tree(max(depth, 1))
+        else:
+            acc = head_topk_accuracy(head) if accuracy is None else torch.as_tensor(accuracy, dtype=torch.float32)
+            if acc.shape[0] != head.num_heads:
+                raise SpecgraftError(f"medusa accuracy has {acc.shape[0]} rows but the head has {head.num_heads} "
+                                     "heads; measure it for this head")
+            self.tree = build_sparse_tree(acc, num_nodes=num_nodes, max_depth=max_depth)
+        self._parents = torch.tensor(self.tree.parents(), dtype=torch.long)
+        self._head_index = torch.tensor([d - 1 for d in self.tree.depths()], dtype=torch.long)  # [n]
+        self._rank = torch.tensor(self.tree.ranks(), dtype=torch.long)  # [n]
+        self._depth_list = self.tree.depths()
+
+    def bind(self, target: Any, tokenizer: Any = None) -> None:
+        """Refuse a target other than the one the head was built for (sizes, vocab, tokenizer)."""
+        config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+        ident = self.head.target_identity
+        diffs = []
+        if int(config.hidden_size) != ident.hidden_size:
+            diffs.append(f"hidden_size {ident.hidden_size} vs {config.hidden_size}")
+        if int(config.vocab_size) != ident.vocab_size:
+            diffs.append(f"vocab_size {ident.vocab_size} vs {config.vocab_size}")
+        if int(config.num_hidden_layers) != ident.num_hidden_layers:
+            diffs.append(f"num_hidden_layers {ident.num_hidden_layers} vs {config.num_hidden_layers}")
+        fingerprint = tokenizer_fingerprint(tokenizer)
+        if fingerprint is not None and ident.tokenizer_fingerprint is not None \
+                and fingerprint != ident.tokenizer_fingerprint:
+            diffs.append("tokenizer differs")
+        if diffs:
+            raise TargetMismatchError(f"these medusa heads were made for {ident.name_or_path} but the decoder's "
+                                      f"target differs ({'; '.join(diffs)}); decode with the head's own target")
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        device = ctx.token_ids.device
+        hidden = ctx.hidden_states.get(self.needs_hidden_states[0])
+        depth_limit = min(self.tree.depth, ctx.max_depth)
+        if hidden is None or hidden.shape[0] == 0 or depth_limit <= 0:
+            # A one-token prompt: the target has not processed any position yet, so there is nothing to read.
+            return DraftTree.empty(device)
+        last = hidden[-1].to(self.head.blocks[0].layers[0].weight.device)  # [h]
+        logits = self.head(last.view(1, 1, -1))[:, 0, 0].float()  # [K, V]
+        top = logits.topk(self.tree.max_rank + 1, dim=-1).indices  # [K, r]
+        keep = [i for i, d in enumerate(self._depth_list) if d <= depth_limit]
+        head_index, rank, parents = self._head_index, self._rank, self._parents
+        if len(keep) < len(self._depth_list):
+            # Breadth-first order: the kept nodes are a prefix, so parent indices stay valid.
+            head_index, rank, parents = head_index[: len(keep)], rank[: len(keep)], parents[: len(keep)]
+        tokens = top[head_index.to(top.device), rank.to(top.device)]  # [n]
+        q = None
+        if self.report_q:
+            probs = logits.softmax(-1) if ctx.sampling.greedy else process_logits(logits, ctx.sampling)  # [K, V]
+            q = probs.index_select(0, head_index.to(probs.device)).to(device)  # [n, V]
+        return DraftTree(tokens=tokens.to(device), parents=parents.to(device), q=q, sampled=False)

@@ -1,0 +1,209 @@
+"""EAGLE-3 head: fused layers, 2h midlayer, draft vocabulary, training-time test, save/load, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import DynamicCache
+
+from specgraft.config import HeadConfig
+from specgraft.errors import SpecgraftError
+from specgraft.heads import head_class, load_head
+from specgraft.heads.eagle3 import Eagle3Head, default_feature_layers, eagle3_ttt_loss
+from specgraft.heads.eagle_layers import causal_additive_mask
+from specgraft.target import Target, TargetOutput
+from specgraft.testing import tiny_model
+
+
+def _head(target: Target, counts: torch.Tensor | None = None, **overrides) -> Eagle3Head:
+    cls = head_class("eagle3")
+    cfg = cls.config_from_recipe(HeadConfig(type="eagle3", **overrides), target)
+    torch.manual_seed(1)
+    head = cls.build(target, cfg)
+    if counts is not None:
+        head.prepare_from_data(counts)
+    return head
+
+
+def _counts(vocab: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 50, (vocab,), generator=torch.Generator().manual_seed(seed))
+
+
+def _batch(seq_len: int = 12, batch: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(6, 300, (batch, seq_len), generator=g)
+    attention = torch.ones_like(ids)
+    attention[1, -3:] = 0
+    loss_mask = torch.ones_like(ids)
+    loss_mask[:, :3] = 0
+    return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask * attention}
+
+
+def test_ttt_loss_matches_direct_reference():
+    g = torch.Generator().manual_seed(0)
+    bsz, seq_len, vocab, steps = 2, 7, 10, 3
+    chosen = [0, 2, 3, 5, 8, 9]  # draft vocab = these target ids
+    d2t = torch.tensor([c - i for i, c in enumerate(chosen)])
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[chosen] = True
+    target_logits = torch.randn(bsz, seq_len, vocab, generator=g) * 2
+    step_logits = [torch.randn(bsz, seq_len, len(chosen), generator=g) for _ in range(steps)]
+    loss_mask = (torch.rand(bsz, seq_len, generator=g) > 0.2).long()
+    loss, per_step = eagle3_ttt_loss(step_logits, target_logits, loss_mask, d2t, t2d, decay=0.8)
+    total = 0.0
+    for s in range(steps):
+        ces = []
+        for b in range(bsz):
+            for i in range(seq_len):
+                tok, pos = i + s + 2, i + s + 1  # predicted token, target position that predicts it
+                if tok >= seq_len or not loss_mask[b, tok] or int(target_logits[b, pos].argmax()) not in chosen:
+                    continue
+                p = torch.softmax(target_logits[b, pos, chosen].double(), -1)
+                ces.append(float(-(p * torch.log_softmax(step_logits[s][b, i].double(), -1)).sum()))
+        ref = sum(ces) / len(ces) if ces else 0.0
+        assert per_step[s].item() == pytest.approx(ref, rel=1e-5)
+        total += 0.8**s * ref
+    assert loss.item() == pytest.approx(total, rel=1e-5)
+
+
+def test_training_time_test_equals_sequential_decoding(tiny_arch):
+    """Step s at index i (parallel over i, diagonal keys) == decoding s tokens after position i with a KV cache."""
+    target = Target(tiny_model(tiny_arch))
+    head = _head(target, ttt_steps=3, num_layers=2, draft_vocab_size=200).eval()
+    seq_len = 8
+    ids = torch.randint(6, 300, (1, seq_len))
+    out = target(ids, layers=head.required_layers())
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        parallel = head.ttt_logits(batch, out)
+        feats = head.input_features(out.hidden_states)
+        for i in range(seq_len - 1):
+            cache = DynamicCache()
+            mask = causal_additive_mask(i + 1, None, torch.float32, ids.device)
+            hidden, logits = head.draft_forward(ids[:, 1 : i + 2], feats[:, : i + 1], torch.arange(i + 1)[None],
+                                                mask, cache)
+            hidden = hidden[:, -1:]
+            torch.testing.assert_close(logits[0, -1], parallel[0][0, i], atol=1e-5, rtol=1e-5)
+            for s in range(1, 3):
+                if i + s + 1 >= seq_len:
+                    break
+                hidden, logits = head.draft_forward(ids[:, i + s + 1 : i + s + 2], hidden, torch.tensor([[i + s]]),
+                                                    torch.zeros(1, 1, 1, i + 1 + s), cache)
+                torch.testing.assert_close(logits[0, -1], parallel[s][0, i], atol=1e-5, rtol=1e-5)
+
+
+def test_training_loss_equals_the_reference_loss(tiny_llama):
+    target = Target(tiny_llama)
+    head = _head(target, counts=_counts(target.vocab_size), ttt_steps=3, draft_vocab_size=150).eval()
+    batch = _batch()
+    out = target(batch["input_ids"], batch["attention_mask"], layers=head.required_layers(), logits=True)
+    got = head.training_loss(batch, out)
+    with torch.no_grad():
+        ref, per_step = eagle3_ttt_loss(head.ttt_logits(batch, out), out.logits, batch["loss_mask"], head.d2t,
+                                        head.t2d, decay=0.8)
+    assert got.loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    for s in range(3):
+        assert got.metrics[f"loss/step{s}"].item() == pytest.approx(per_step[s].item(), rel=1e-5)
+        assert 0.0 <= got.metrics[f"top1/step{s}"].item() <= 1.0
+    # An offline cache with the post-norm last layer instead of logits gives the same loss.
+    cached = target(batch["input_ids"], batch["attention_mask"], layers=(*head.required_layers(), target.num_layers),
+                    logits=False)
+    offline = head.training_loss(batch, cached)
+    assert offline.loss.item() == pytest.approx(got.loss.item(), rel=1e-5)
+    with pytest.raises(SpecgraftError, match="logits"):
+        head.training_loss(batch, TargetOutput(logits=None, hidden_states=out.hidden_states))
+
+
+def test_parameter_names_and_shapes_follow_the_serving_layout(tiny_llama):
+    target = Target(tiny_llama)
+    h = target.hidden_size
+    head = _head(target, draft_vocab_size=100)
+    state = head.state_dict()
+    proj = {f"self_attn.{p}_proj.weight" for p in "qkvo"} | {f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    norms = {f"{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")}
+    expected = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"}
+    expected |= {f"midlayer.{p}" for p in proj | norms}
+    assert set(state) == expected
+    assert state["fc.weight"].shape == (h, 3 * h)
+    assert state["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * h
+    assert state["midlayer.self_attn.o_proj.weight"].shape[0] == h
+    assert state["lm_head.weight"].shape == (100, h)
+    assert state["d2t"].dtype == torch.int64 and state["d2t"].shape == (100,)
+    assert state["t2d"].dtype == torch.bool and state["t2d"].shape == (target.vocab_size,)
+    assert head.required_layers() == (2, 1)  # (2, N//2, N-3) for N = 4, duplicates collapsed
+    assert type(head).needs_target_logits
+
+
+def test_prepare_from_data_sets_the_draft_vocab_and_reports_coverage(tiny_llama):
+    target = Target(tiny_llama)
+    head = _head(target, draft_vocab_size=64)
+    counts = _counts(target.vocab_size)
+    facts = head.prepare_from_data(counts)
+    top = torch.sort(counts.double(), descending=True, stable=True).indices[:64].sort().values
+    assert torch.equal(head.draft_token_ids(), top)
+    assert head.t2d.sum() == 64 and head.t2d[top].all()
+    assert facts["draft_vocab_coverage"] == pytest.approx(float(counts[top].sum() / counts.sum()))
+    # The lm_head starts from the target's rows of the chosen tokens.
+    torch.testing.assert_close(head.lm_head.weight, target.output_head.weight[top])
+    with pytest.raises(SpecgraftError, match="vocabulary"):
+        head.prepare_from_data(torch.ones(10))
+
+
+def test_full_vocab_head_has_zero_offsets(tiny_llama):
+    target = Target(tiny_llama)
+    head = _head(target, counts=_counts(target.vocab_size))
+    assert head.config.draft_vocab_size == target.vocab_size  # min(32000, 320)
+    assert head.d2t.eq(0).all() and head.t2d.all()
+
+
+def test_every_architecture_trains_without_touching_the_target(tiny_arch):
+    target = Target(tiny_model(tiny_arch))
+    head = _head(target, counts=_counts(target.vocab_size), ttt_steps=2, draft_vocab_size=200)
+    batch = _batch(seq_len=10)
+    out = target(batch["input_ids"], batch["attention_mask"], layers=head.required_layers(), logits=True)
+    result = head.training_loss(batch, out)
+    assert torch.isfinite(result.loss) and set(result.metrics) >= {"loss/step0", "loss/step1", "top1/step1"}
+    result.loss.backward()
+    assert all(p.grad is None for p in target.model.parameters())
+    assert all(p.grad is not None for p in head.parameters())
+    assert head.midlayer.self_attn.o_proj.weight.grad.abs().sum() > 0
+
+
+def test_save_load_round_trip(tmp_path, tiny_llama):
+    target = Target(tiny_llama)
+    head = _head(target, counts=_counts(target.vocab_size), draft_vocab_size=120, num_layers=2).eval()
+    path = head.save_pretrained(tmp_path / "eagle3")
+    saved = load_file(str(path / "head.safetensors"))
+    assert torch.equal(saved["d2t"], head.d2t) and torch.equal(saved["t2d"], head.t2d)
+    loaded = load_head(target, path).eval()
+    assert isinstance(loaded, Eagle3Head) and loaded.config == head.config
+    assert torch.equal(loaded.draft_token_ids(), head.draft_token_ids())
+    batch = _batch()
+    out = target(batch["input_ids"], batch["attention_mask"], layers=head.required_layers())
+    with torch.no_grad():
+        for a, b in zip(head.ttt_logits(batch, out), loaded.ttt_logits(batch, out)):
+            assert torch.equal(a, b)
+
+
+def test_default_feature_layers():
+    assert default_feature_layers(32) == [2, 16, 29]
+    assert default_feature_layers(4) == [2, 2, 1]
+    assert default_feature_layers(2) == [2, 1, 0]  # too shallow for (2, N//2, N-3): clamped into 0..N
+
+
+def test_bad_inputs(tiny_llama):
+    target = Target(tiny_llama)
+    cls = head_class("eagle3")
+    with pytest.raises(SpecgraftError, match="out of range"):
+        cls.config_from_recipe(HeadConfig(type="eagle3", feature_layers=[1, 2, 5]), target)
+    with pytest.raises(SpecgraftError, match="out of range"):
+        cls.config_from_recipe(HeadConfig(type="eagle3", feature_layers=[-1, 2, 3]), target)
+    with pytest.raises(SpecgraftError, match="draft_vocab_size"):
+        cls.config_from_recipe(HeadConfig(type="eagle3", draft_vocab_size=target.vocab_size + 1), target)
+    with pytest.raises(SpecgraftError, match="feature_layers"):
+        cls.config_from_recipe(HeadConfig(type="eagle3", feature_layers=[]), target)
+    good = cls.config_from_recipe(HeadConfig(type="eagle3"), target)
+    good.feature_layers = [0, 9]  # e.g. a hand-edited head_config.json
+    with pytest.raises(SpecgraftError, match="out of range"):
+        Eagle3Head(good, target)
