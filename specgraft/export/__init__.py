@@ -1,1 +1,27 @@
-"""specgraft.export."""
+"""Export trained heads for serving engines (vLLM, SGLang, TensorRT-LLM), load exports back, write model cards
+and push them to the Hugging Face Hub.
+
+* :func:`export_head` -- a head folder -> an engine folder, checked against the engine's exact weight names
+  (:mod:`specgraft.export.layouts`) with configs consistent with the target.
+* :func:`load_export` -- any export folder -> a specgraft head (the round trip).
+* :func:`render_model_card` -- the README.md of an export.
+* :func:`push_folder` -- upload an export folder (``specgraft push``).
+"""
+
+from specgraft.export.card import render_model_card
+from specgraft.export.exporter import ExportResult, export_head, load_export, read_export_meta
+from specgraft.export.layouts import FORMATS, SUPPORTED, formats_for
+from specgraft.export.push import plan_push, push_folder
+
+__all__ = [
+    "FORMATS",
+    "SUPPORTED",
+    "ExportResult",
+    "export_head",
+    "formats_for",
+    "load_export",
+    "plan_push",
+    "push_folder",
+    "read_export_meta",
+    "render_model_card",
+]

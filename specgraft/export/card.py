@@ -1,0 +1,224 @@
+"""The model card (``README.md``) of an exported head: Hub metadata, what the head is, how it was trained, how
+well it drafts (from the eval report) and copy-paste serving commands.
+
+The card is built only from the head's config, the resolved recipe and the eval report: it never sees a token
+or any credential.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+#: Human names and Hub tags of the head types.
+HEAD_NAMES = {"medusa": "Medusa", "eagle": "EAGLE-1/2", "eagle3": "EAGLE-3"}
+HEAD_TAGS = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3"}
+FORMAT_TAGS = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt-llm", "native": "specgraft"}
+FORMAT_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "native": "specgraft (native)"}
+
+#: Draft length used in the example commands.
+EXAMPLE_DRAFT_TOKENS = 3
+
+_REPORT_COLUMNS = (
+    ("tau", "tau", 2),
+    ("alpha_exact", "alpha", 3),
+    ("speedup_mean_of_ratios", "speedup (mean of ratios)", 2),
+    ("speedup_ratio_of_totals", "speedup (ratio of totals)", 2),
+    ("tokens_per_s", "tokens/s", 1),
+    ("baseline_tokens_per_s", "baseline tokens/s", 1),
+    ("num_prompts", "prompts", 0),
+)
+
+
+def render_model_card(head_meta: Mapping[str, Any], recipe_dict: Mapping[str, Any] | None,
+                      report: Mapping[str, Any] | None, format: str, repo_id: str | None,
+                      *, license: str | None = None) -> str:
+    """A Hub model card for an exported head.
+
+    Args:
+        head_meta: the head's ``head_config.json`` content (``head_type``, ``config``, ``target``, optional
+            ``training`` summary, ``num_parameters``), optionally with ``base_model`` (the target's Hub id),
+            ``license``, ``export_notes`` and ``local_path``.
+        recipe_dict: the resolved training recipe (``recipe.yaml`` as a dict), or None.
+        report: the eval report (see ``specgraft eval``), or None.
+        format: the export format (vllm | sglang | trtllm | native).
+        repo_id: the Hub repo the card is for (commands use it; a local path or a placeholder otherwise).
+        license: overrides ``head_meta["license"]`` (default ``other``).
+    """
+    head_type = str(head_meta.get("head_type", "?"))
+    target = head_meta.get("target") or {}
+    base = str(head_meta.get("base_model") or target.get("name_or_path") or "the target model")
+    where = repo_id or str(head_meta.get("local_path") or "PATH/TO/THIS/FOLDER")
+    lic = license or head_meta.get("license") or "other"
+    name = HEAD_NAMES.get(head_type, head_type)
+    tags = ["speculative-decoding", "draft-model", HEAD_TAGS.get(head_type, head_type),
+            FORMAT_TAGS.get(format, format), "specgraft"]
+    lines = ["---", f"base_model: {_yaml_str(base)}", "library_name: specgraft", f"license: {_yaml_str(lic)}",
+             "tags:", *[f"- {t}" for t in dict.fromkeys(tags)], "---", ""]
+    lines += [f"# {name} draft head for {base}", ""]
+    lines += _about(head_meta, head_type, base, format)
+    lines += _serving(head_meta, head_type, base, format, where)
+    lines += _training(head_meta, recipe_dict)
+    lines += _evaluation(report)
+    notes = list(head_meta.get("export_notes") or [])
+    if notes:
+        lines += ["## Export notes", "", *[f"- {n}" for n in notes], ""]
+    lines += ["---", "", f"Made with specgraft (`specgraft export --format {format}`)."]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _yaml_str(value: str) -> str:
+    return json.dumps(str(value))  # a JSON string is a valid YAML scalar, quotes and all
+
+
+def _about(meta: Mapping[str, Any], head_type: str, base: str, fmt: str) -> list[str]:
+    cfg = meta.get("config") or {}
+    target = meta.get("target") or {}
+    params = meta.get("num_parameters")
+    size = f" ({params / 1e6:.1f}M trainable parameters)" if isinstance(params, (int, float)) else ""
+    if head_type == "medusa":
+        shared = "the target's own lm_head" if cfg.get("share_lm_head") else "one vocabulary projection per head"
+        what = (f"{cfg.get('num_heads')} Medusa heads{size}: head k reads the target's last hidden state and predicts "
+                f"the token k+2 positions ahead through {cfg.get('num_layers')} residual block(s) and {shared}.")
+    elif head_type == "eagle":
+        what = (f"An EAGLE-1/2 draft{size}: {cfg.get('num_layers')} decoder layer(s) that predict the target's next "
+                "feature from its last hidden state and the next token's embedding; the target's embeddings and "
+                "lm_head are reused, so the files hold only the draft layers.")
+    elif head_type == "eagle3":
+        what = (f"An EAGLE-3 draft{size}: fuses target layers {cfg.get('feature_layers')} (transformers "
+                f"output_hidden_states indices), runs {cfg.get('num_layers')} draft layer(s) and predicts over a "
+                f"{cfg.get('draft_vocab_size')}-token draft vocabulary (trained with {cfg.get('ttt_steps')}-step "
+                "training-time test).")
+    else:
+        what = f"A {head_type} draft head{size}."
+    return [
+        what, "",
+        f"It only proposes tokens: the target ({base}, {target.get('architecture', '?')}, "
+        f"{target.get('num_hidden_layers', '?')} layers, hidden size {target.get('hidden_size', '?')}, vocabulary "
+        f"{target.get('vocab_size', '?')}) verifies every proposal, so outputs are the target's own (lossless); "
+        "the draft changes only the speed.", "",
+        f"Files are in the **{FORMAT_NAMES.get(fmt, fmt)}** layout (safetensors).", "",
+    ]
+
+
+def _serving(meta: Mapping[str, Any], head_type: str, base: str, fmt: str, where: str) -> list[str]:
+    n = EXAMPLE_DRAFT_TOKENS
+    lines = ["## Serving", ""]
+    method = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3"}.get(head_type, head_type)
+    vllm_here = fmt == "vllm"
+    vllm_where = where if vllm_here else "PATH/TO/VLLM/EXPORT"
+    lines += ["### vLLM", ""]
+    if not vllm_here:
+        lines += [f"Export the head with `specgraft export HEAD_DIR --format vllm --out DIR` first; this folder is "
+                  f"in the {FORMAT_NAMES.get(fmt, fmt)} layout.", ""]
+    if head_type == "eagle3":
+        lines += ["The config carries a `speculators_config`, so the draft folder alone is enough:", "",
+                  "```bash", f"vllm serve {vllm_where}", "```", "", "or, with the target named explicitly:", ""]
+    spec = json.dumps({"model": vllm_where, "method": method, "num_speculative_tokens": n})
+    lines += ["```bash", f"vllm serve {base} --speculative-config '{spec}'", "```", ""]
+    lines += ["### SGLang", ""]
+    if head_type == "medusa":
+        lines += ["SGLang does not serve Medusa heads; use vLLM or TensorRT-LLM.", ""]
+    else:
+        sgl_where = where if fmt == "sglang" else "PATH/TO/SGLANG/EXPORT"
+        if fmt != "sglang":
+            lines += ["Export with `--format sglang` first (SGLang's EAGLE classes read a different layout).", ""]
+        algo = "EAGLE3" if head_type == "eagle3" else "EAGLE"
+        lines += ["```bash", f"python -m sglang.launch_server --model-path {base} \\",
+                  f"  --speculative-algorithm {algo} --speculative-draft-model-path {sgl_where} \\",
+                  f"  --speculative-num-steps {n} --speculative-eagle-topk 1 --speculative-num-draft-tokens {n + 1}",
+                  "```", "", "SGLang counts the root token in `--speculative-num-draft-tokens`; vLLM's "
+                  "`num_speculative_tokens` does not.", ""]
+    if fmt == "trtllm":
+        lines += _trtllm(meta, head_type, base, where)
+    return lines
+
+
+def _trtllm(meta: Mapping[str, Any], head_type: str, base: str, where: str) -> list[str]:
+    cfg = meta.get("config") or {}
+    lines = ["### TensorRT-LLM", ""]
+    if head_type == "medusa":
+        lines += ["The files follow the FasterDecoding layout (`medusa_lm_head.safetensors`, which TensorRT-LLM's "
+                  "Medusa converter reads like the reference `.pt`):", "", "```bash",
+                  f"python examples/medusa/convert_checkpoint.py --model_dir {base} --medusa_model_dir {where} \\",
+                  f"  --num_medusa_heads {cfg.get('num_heads')} --output_dir ./tllm_ckpt", "```", ""]
+    else:
+        ids = [int(i) - 1 for i in cfg.get("feature_layers") or []]
+        lines += ["PyTorch backend (`trtllm-serve ... --extra_llm_api_options spec.yaml`), `spec.yaml`:", "",
+                  "```yaml", "speculative_config:", "  decoding_type: Eagle3",
+                  f"  max_draft_len: {EXAMPLE_DRAFT_TOKENS}",
+                  f"  speculative_model_dir: {where}", f"  eagle3_layers_to_capture: {ids}", "```", "",
+                  "TensorRT-LLM numbers the captured layers by the decoder layer whose output it takes "
+                  "(output_hidden_states index minus one).", ""]
+    return lines
+
+
+def _training(meta: Mapping[str, Any], recipe: Mapping[str, Any] | None) -> list[str]:
+    lines = ["## Training", ""]
+    summary = meta.get("training") or {}
+    if not recipe and not summary:
+        return lines + ["No training recipe was saved with this head.", ""]
+    recipe = recipe or {}
+    data, training, head = recipe.get("data") or {}, recipe.get("training") or {}, recipe.get("head") or {}
+    if recipe.get("description"):
+        lines += [str(recipe["description"]), ""]
+    rows = []
+    if data:
+        regen = " (assistant turns regenerated by the target)" if data.get("regenerate") else ""
+        rows.append(("data", f"`{data.get('path')}` ({data.get('format', 'auto')}, max length "
+                             f"{data.get('max_length')}){regen}"))
+    if training:
+        batch = training.get("micro_batch_size")
+        accum = training.get("gradient_accumulation_steps", 1)
+        rows += [("steps", training.get("max_steps")), ("learning rate", f"{training.get('learning_rate')} "
+                 f"({training.get('lr_scheduler', 'cosine')}, warm-up {training.get('warmup_steps', 0)})"),
+                 ("batch", f"{batch} x {accum} accumulation per process"),
+                 ("features", training.get("features"))]
+    if head:
+        rows.append(("head", ", ".join(f"{k}={v}" for k, v in head.items() if v is not None)))
+    if summary:
+        rows += [("steps done", summary.get("steps")), ("tokens seen", summary.get("tokens_seen"))]
+        if "draft_vocab_coverage" in summary:
+            rows.append(("draft-vocab coverage", f"{100 * float(summary['draft_vocab_coverage']):.1f}%"))
+    lines += ["| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows if v is not None], ""]
+    return lines
+
+
+def _fmt(value: Any, digits: int) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:.{digits}f}" if digits else f"{int(value)}"
+
+
+def _evaluation(report: Mapping[str, Any] | None) -> list[str]:
+    lines = ["## Evaluation", ""]
+    if not report:
+        return lines + ["No evaluation report was attached. `specgraft eval` measures tau (mean tokens per target "
+                        "forward, bonus token included), acceptance by depth and speedup per domain.", ""]
+    settings = report.get("settings") or {}
+    if settings:
+        parts = [f"{k}={settings[k]}" for k in ("temperature", "top_p", "top_k", "max_new_tokens") if k in settings]
+        lines += [f"Settings: {', '.join(parts)}" + (" (lossy)" if settings.get("lossy") else "") + ".", ""]
+    header = "| domain | " + " | ".join(label for _, label, _ in _REPORT_COLUMNS) + " |"
+    lines += [header, "|" + "---|" * (len(_REPORT_COLUMNS) + 1)]
+    rows = list((report.get("domains") or {}).items())
+    if report.get("overall"):
+        rows.append(("**overall**", report["overall"]))
+    for name, values in rows:
+        values = values or {}
+        lines.append(f"| {name} | " + " | ".join(_fmt(values.get(k), d) for k, _, d in _REPORT_COLUMNS) + " |")
+    lines.append("")
+    overall = report.get("overall") or {}
+    depth = overall.get("acceptance_by_depth")
+    if depth:
+        lines += ["Acceptance by draft depth (overall): " + ", ".join(_fmt(x, 3) for x in depth) + ".", ""]
+    if "lossless_check" in overall:
+        lines += [f"Lossless check: {overall['lossless_check']}.", ""]
+    titles = {"tau_by_domain": "tau by domain", "acceptance_by_depth": "acceptance by depth",
+              "speedup_by_domain": "speedup by domain"}
+    for key, file in (report.get("plots") or {}).items():
+        lines += [f"![{titles.get(key, key)}]({str(file).rsplit('/', 1)[-1]})", ""]
+    return lines

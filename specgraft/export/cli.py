@@ -1,0 +1,62 @@
+"""Export a head for vLLM, SGLang or TensorRT-LLM.
+
+``specgraft export HEAD_DIR --format F --out DIR`` writes a folder the engine serves as is (safetensors weights,
+``config.json`` consistent with the target), plus a ``README.md`` model card and ``specgraft_export.json``.
+
+Formats: ``vllm`` (Medusa: MedusaModel; EAGLE-1: EagleLlamaForCausalLM; EAGLE-3: speculators layout, so
+``vllm serve DIR`` needs no flags), ``sglang`` (EAGLE-1, EAGLE-3), ``trtllm`` (Medusa: FasterDecoding layout for
+the Medusa converter; EAGLE-3: PyTorch backend), ``native`` (specgraft's own folder). vLLM exports of EAGLE heads
+get ``-eagle-1`` / ``-eagle3`` appended to the folder name when it lacks the marker vLLM's name detection needs
+(``--keep-name`` keeps it as given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specgraft.export.convert import DEFAULT_SPECULATIVE_TOKENS
+from specgraft.export.exporter import DTYPE_NAMES, export_head
+from specgraft.export.layouts import FORMATS, SUPPORTED
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specgraft export``."""
+    support = "; ".join(f"{head}: {', '.join(fmts)}" for head, fmts in SUPPORTED.items())
+    parser.add_argument("head_dir", metavar="HEAD_DIR", help="A head folder written by `specgraft train`.")
+    parser.add_argument("--format", required=True, choices=FORMATS, help=f"Target layout ({support}).")
+    parser.add_argument("--out", required=True, metavar="DIR", help="Output folder (created; must be empty).")
+    parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty output folder.")
+    parser.add_argument("--target", metavar="PATH",
+                        help="The target model (folder or Hub id) when the path recorded in the head is not "
+                             "available here; only its config (and a shared Medusa lm_head) is read.")
+    parser.add_argument("--report", metavar="DIR",
+                        help="Eval report folder (or report.json) for the card; default: the newest one found "
+                             "beside the head.")
+    parser.add_argument("--repo-id", metavar="ORG/NAME", help="Hub repo the export is for (used in the card).")
+    parser.add_argument("--base-model", metavar="NAME",
+                        help="Hub id of the target written into configs and the card (default: the recorded name).")
+    parser.add_argument("--dtype", choices=tuple(DTYPE_NAMES),
+                        help="Cast the weights (default: keep the head's dtype).")
+    parser.add_argument("--keep-name", action="store_true",
+                        help="Do not append vLLM's method marker (-eagle-1/-eagle3) to --out.")
+    parser.add_argument("--speculative-tokens", type=int, default=DEFAULT_SPECULATIVE_TOKENS, metavar="N",
+                        help="Draft length written into EAGLE-3's speculators_config (vllm format).")
+    parser.add_argument("--license", default="other", help="License field of the model card (a Hub license id).")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``specgraft export``."""
+    result = export_head(
+        args.head_dir, args.format, args.out, target=args.target, overwrite=args.overwrite, report=args.report,
+        repo_id=args.repo_id, base_model=args.base_model, dtype=args.dtype, keep_name=args.keep_name,
+        speculative_tokens=args.speculative_tokens, license=args.license,
+    )
+    print(f"exported the {result.head_type} head as {result.format} to {result.path}")
+    for name in result.files:
+        print(f"  {name}")
+    for note in result.notes:
+        print(f"note: {note}")
+    for warning in result.warnings:
+        print(f"WARNING: {warning}", file=sys.stderr)
+    return 0

@@ -1,0 +1,431 @@
+"""``export_head``: a trained head folder -> a folder an engine serves as is; ``load_export``: back into specgraft.
+
+Every export folder holds the engine's files (weights as safetensors, ``config.json``), a ``README.md`` model card,
+the eval report's plots when one is given, and ``specgraft_export.json`` (format, head type, the head's config and
+target identity, and the report) so that :func:`load_export` and ``specgraft push`` can rebuild the head and the
+card. The folder is written atomically: it appears complete or not at all.
+
+Directory names and vLLM: when no method is given, vLLM picks the speculative method from the draft's PATH,
+checking ``"eagle-"`` first, then ``"eagle3"``, before it reads a Medusa ``model_type``. vLLM exports of EAGLE
+heads therefore get a name that says what they are: ``--out runs/llama`` becomes ``runs/llama-eagle-1``
+(EAGLE-1) or ``runs/llama-eagle3`` (EAGLE-3) unless the name already has the marker or ``keep_name`` is set
+(then a warning says what vLLM will do). A path that would make vLLM pick the wrong method always warns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from specgraft.errors import SpecgraftError
+from specgraft.export.convert import DEFAULT_SPECULATIVE_TOKENS, from_engine, to_engine
+from specgraft.export.layouts import WEIGHTS_FILE, require_supported
+from specgraft.export.target_info import TargetInfo, resolve_target
+from specgraft.heads.base import (
+    ADAPTER_DIR,
+    HEAD_CONFIG_NAME,
+    HEAD_WEIGHTS_NAME,
+    RECIPE_NAME,
+    DraftHead,
+    head_class,
+    load_head,
+    read_head_config,
+)
+from specgraft.target import Target, TargetIdentity
+from specgraft.utils.io import atomic_path
+
+logger = logging.getLogger(__name__)
+
+EXPORT_META_NAME = "specgraft_export.json"
+CARD_NAME = "README.md"
+CONFIG_NAME = "config.json"
+EXPORT_VERSION = 1
+REPORT_NAME = "report.json"
+
+#: What vLLM looks for in a draft's path, per head type, and the suffix that adds it.
+VLLM_NAME_MARKERS = {"eagle": ("eagle-", "-eagle-1"), "eagle3": ("eagle3", "-eagle3")}
+
+DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ExportResult:
+    """Where an export went and what the user should know about it."""
+
+    path: Path
+    format: str
+    head_type: str
+    files: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Names
+
+
+def vllm_method_from_path(path: str) -> str | None:
+    """The method vLLM infers from a draft path when none is given (None: it falls back to the config)."""
+    lowered = path.lower()
+    if "eagle-" in lowered:
+        return "eagle"
+    if "eagle3" in lowered:
+        return "eagle3"
+    return None
+
+
+def vllm_name_warnings(path: str, head_type: str, what: str = "path") -> list[str]:
+    """Warnings for a draft ``path`` (a folder or a Hub repo id) that vLLM's name detection would misread."""
+    inferred = vllm_method_from_path(path)
+    expected = head_type if head_type in VLLM_NAME_MARKERS else None
+    if inferred == expected:
+        return []
+    if expected is None:
+        return [f"the {what} {path} contains {'eagle-' if inferred == 'eagle' else 'eagle3'!r}, so vLLM will serve "
+                f"this {head_type} head as {inferred} unless the method is given; rename it"]
+    marker = VLLM_NAME_MARKERS[head_type][0]
+    if inferred is None:
+        return [f"the {what} {path} lacks {marker!r}, so vLLM will not recognise this {head_type} head unless the "
+                f"method is given (--speculative-config '{{\"method\": \"{head_type}\", ...}}')"]
+    return [f"the {what} {path} contains 'eagle-', so vLLM will serve this {head_type} head as EAGLE-1 unless the "
+            f"method is given; rename it without 'eagle-'"]
+
+
+def export_path(out: str | Path, head_type: str, fmt: str, keep_name: bool = False) -> tuple[Path, list[str]]:
+    """The folder to write (``out``, with vLLM's method marker appended when it lacks one) and warnings."""
+    out = Path(out)
+    if fmt != "vllm":
+        return out, []
+    if head_type in VLLM_NAME_MARKERS and not keep_name:
+        marker, suffix = VLLM_NAME_MARKERS[head_type]
+        if marker not in out.name.lower():
+            out = out.with_name(out.name + suffix)
+    return out, vllm_name_warnings(str(out.resolve()), head_type)
+
+
+def _check_destination(out: Path, head_dir: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise SpecgraftError(f"{out} exists and is a file; pass a folder path to --out")
+    src, dst = head_dir.resolve(), out.resolve()
+    if dst == src or dst in src.parents:
+        raise SpecgraftError(f"--out {out} would replace the head folder {head_dir} itself; choose another folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise SpecgraftError(f"output folder {out} exists and is not empty; choose another folder or pass --overwrite "
+                             "to replace it")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading the head
+
+
+def read_head_state(head_dir: Path, meta: dict[str, Any], info: TargetInfo) -> dict[str, torch.Tensor]:
+    """``head.safetensors`` checked against a head of the same config built on the target's skeleton: every
+    tensor present, none extra, right shapes."""
+    cls = head_class(meta["head_type"])
+    try:
+        config = cls.Config(**meta["config"]) if dataclasses.is_dataclass(cls.Config) else meta["config"]
+    except TypeError as exc:
+        raise SpecgraftError(f"{head_dir}/{HEAD_CONFIG_NAME} has an invalid {meta['head_type']} config ({exc}); "
+                             "re-save the head") from None
+    skeleton = cls(config, info.skeleton)
+    want = skeleton.state_dict()
+    weights = head_dir / HEAD_WEIGHTS_NAME
+    if not weights.is_file():
+        raise SpecgraftError(f"{head_dir} has no {HEAD_WEIGHTS_NAME}; the head folder is incomplete, re-save it")
+    try:
+        state = load_file(str(weights))
+    except Exception as exc:  # safetensors raises its own error types for truncated/corrupt files
+        raise SpecgraftError(f"{weights} is not a readable safetensors file ({type(exc).__name__}); re-save the "
+                             "head") from None
+    missing = sorted(set(want) - set(state))
+    unexpected = sorted(set(state) - set(want))
+    if missing:
+        raise SpecgraftError(f"head checkpoint {weights} is missing tensors {missing[:6]}; it is incomplete or "
+                             "truncated, re-save the head (or re-run training)")
+    if unexpected:
+        raise SpecgraftError(f"head checkpoint {weights} has unexpected tensors {unexpected[:6]} for a "
+                             f"{meta['head_type']} head of this config; its {HEAD_CONFIG_NAME} was edited or belongs "
+                             "to another head")
+    for name, tensor in want.items():
+        if tuple(state[name].shape) != tuple(tensor.shape):
+            raise SpecgraftError(f"head checkpoint {weights}: tensor {name} has shape {tuple(state[name].shape)}, "
+                                 f"expected {tuple(tensor.shape)}; the head config and weights disagree")
+    return state
+
+
+def _load_recipe_dict(head_dir: Path) -> dict[str, Any] | None:
+    path = head_dir / RECIPE_NAME
+    if not path.is_file():
+        return None
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        logger.warning("%s is not valid YAML; the model card will not describe the training recipe", path)
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+def load_report(path: str | Path) -> tuple[dict[str, Any], Path]:
+    """An eval report (``report.json``, or a folder holding one) and the folder its plots are relative to."""
+    path = Path(path)
+    file = path / REPORT_NAME if path.is_dir() else path
+    if not file.is_file():
+        raise SpecgraftError(f"no eval report at {file}; pass the folder `specgraft eval` wrote (with {REPORT_NAME})")
+    try:
+        report = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecgraftError(f"{file} is not valid JSON ({exc}); re-run the evaluation") from None
+    if not isinstance(report, dict):
+        raise SpecgraftError(f"{file} is not an eval report (a JSON object); re-run the evaluation")
+    return report, file.parent
+
+
+def find_latest_report(head_dir: Path) -> Path | None:
+    """The newest ``report.json`` near a head folder (in it, or an ``eval*`` folder beside it) whose drafter is
+    this head (or that names none)."""
+    found = []
+    for root in (head_dir, head_dir.parent):
+        for pattern in (REPORT_NAME, f"eval*/{REPORT_NAME}", f"eval*/*/{REPORT_NAME}"):
+            found.extend(p for p in root.glob(pattern) if p.is_file())
+    matching = []
+    for path in set(found):
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+            continue
+        drafter = report.get("drafter") if isinstance(report, dict) else None
+        drafter_path = drafter.get("path") if isinstance(drafter, dict) else None
+        if drafter_path is None or _same_path(drafter_path, head_dir, path.parent):
+            matching.append(path)
+    return max(matching, key=lambda p: p.stat().st_mtime) if matching else None
+
+
+def _same_path(recorded: str, head_dir: Path, base: Path) -> bool:
+    candidate = Path(recorded)
+    candidates = [candidate] if candidate.is_absolute() else [candidate, base / candidate]
+    return any(c.exists() and c.resolve() == head_dir.resolve() for c in candidates)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Export
+
+
+def export_head(
+    head_dir: str | Path,
+    fmt: str,
+    out: str | Path,
+    *,
+    target: str | Path | Target | None = None,
+    overwrite: bool = False,
+    report: str | Path | None = None,
+    repo_id: str | None = None,
+    base_model: str | None = None,
+    dtype: str | None = None,
+    keep_name: bool = False,
+    speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
+    license: str = "other",
+) -> ExportResult:
+    """Export the head saved in ``head_dir`` as ``fmt`` (vllm | sglang | trtllm | native) into ``out``.
+
+    Args:
+        target: the target the head was trained for (a folder, a Hub id or a loaded Target); default: the
+            ``name_or_path`` recorded in the head config. Only its config is read, plus its lm_head for Medusa
+            heads that share it.
+        report: an eval report (folder or ``report.json``) to embed in the card; default: the newest one found
+            beside the head.
+        repo_id: the Hub repo the export is meant for (used in the card's serving commands).
+        base_model: the Hub id of the target written into configs and the card (default: the recorded name).
+        dtype: cast floating-point weights (float32 | bfloat16 | float16); default: keep the head's dtype.
+        keep_name: do not append vLLM's method marker to ``out``.
+        speculative_tokens: draft length written into EAGLE-3's speculators_config.
+        license: the card's license field.
+    """
+    head_dir = Path(head_dir)
+    meta = read_head_config(head_dir)
+    head_type = meta["head_type"]
+    require_supported(head_type, fmt)
+    if dtype is not None and dtype not in DTYPE_NAMES:
+        raise SpecgraftError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_NAMES)}")
+    if speculative_tokens < 1:
+        raise SpecgraftError(f"speculative tokens must be at least 1, got {speculative_tokens}")
+    final, warnings = export_path(out, head_type, fmt, keep_name)
+    _check_destination(final, head_dir, overwrite)
+    info = resolve_target(meta, target)
+    state = read_head_state(head_dir, meta, info)
+    base = base_model or meta["target"]["name_or_path"]
+    notes: list[str] = []
+    if (head_dir / ADAPTER_DIR).is_dir() and fmt != "native":
+        warnings.append("this is a Medusa-2 head trained with a LoRA adapter on the target: serve it with the "
+                        "adapter MERGED into the target (peft merge_and_unload), not with the base target")
+
+    report_dict, report_root = None, None
+    report_path = Path(report) if report is not None else find_latest_report(head_dir)
+    if report_path is not None:
+        report_dict, report_root = load_report(report_path)
+    recipe = _load_recipe_dict(head_dir)
+
+    files: list[str] = []
+    with atomic_path(final) as tmp:
+        tmp.mkdir(parents=True)
+        if fmt == "native":
+            files += _write_native(head_dir, tmp)
+        else:
+            ckpt = to_engine(head_type, fmt, state, meta, info, base_model=base,
+                             dtype=DTYPE_NAMES[dtype] if dtype else None, speculative_tokens=speculative_tokens)
+            notes += ckpt.notes
+            weights_name = WEIGHTS_FILE[(head_type, fmt)]
+            save_file({k: v.contiguous() for k, v in ckpt.tensors.items()}, str(tmp / weights_name),
+                      metadata={"format": "pt"})
+            _verify_written(tmp / weights_name, ckpt.tensors)
+            (tmp / CONFIG_NAME).write_text(json.dumps(ckpt.config, indent=2) + "\n", encoding="utf-8")
+            files += [weights_name, CONFIG_NAME]
+        plots = _copy_plots(report_dict, report_root, tmp, warnings)
+        files += plots
+        export_meta = {
+            "specgraft_export_version": EXPORT_VERSION,
+            "format": fmt,
+            "head_type": head_type,
+            "base_model": base,
+            "license": license,
+            "head": meta,
+            "recipe": recipe,
+            "report": report_dict,
+            "notes": notes,
+        }
+        (tmp / EXPORT_META_NAME).write_text(json.dumps(export_meta, indent=2, default=str) + "\n", encoding="utf-8")
+        files.append(EXPORT_META_NAME)
+        (tmp / CARD_NAME).write_text(card_from_export_meta(export_meta, repo_id, local_path=final), encoding="utf-8")
+        files.append(CARD_NAME)
+    for message in warnings:
+        logger.warning("%s", message)
+    return ExportResult(final, fmt, head_type, sorted(files), warnings, notes)
+
+
+def card_from_export_meta(export_meta: dict[str, Any], repo_id: str | None, local_path: Path | None = None) -> str:
+    """The README.md of an export folder from its ``specgraft_export.json`` content."""
+    from specgraft.export.card import render_model_card
+
+    head_meta = dict(export_meta["head"], base_model=export_meta.get("base_model"),
+                     license=export_meta.get("license", "other"), export_notes=export_meta.get("notes", []))
+    if local_path is not None:
+        head_meta["local_path"] = str(local_path)
+    return render_model_card(head_meta, export_meta.get("recipe"), export_meta.get("report"), export_meta["format"],
+                             repo_id)
+
+
+def _write_native(head_dir: Path, tmp: Path) -> list[str]:
+    files = []
+    for name in (HEAD_WEIGHTS_NAME, HEAD_CONFIG_NAME, RECIPE_NAME):
+        if (head_dir / name).is_file():
+            shutil.copy2(head_dir / name, tmp / name)
+            files.append(name)
+    if (head_dir / ADAPTER_DIR).is_dir():
+        shutil.copytree(head_dir / ADAPTER_DIR, tmp / ADAPTER_DIR)
+        files += [f"{ADAPTER_DIR}/{p.relative_to(tmp / ADAPTER_DIR)}" for p in sorted((tmp / ADAPTER_DIR).rglob("*"))
+                  if p.is_file()]
+    return files
+
+
+def _verify_written(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Read the written file's header back: the same names and shapes (a truncated write fails here)."""
+    with safe_open(str(path), framework="pt") as fh:
+        written = {name: tuple(fh.get_slice(name).get_shape()) for name in fh.keys()}
+    expected = {name: tuple(t.shape) for name, t in tensors.items()}
+    if written != expected:
+        raise SpecgraftError(f"{path} did not read back as written; check free disk space and retry")
+
+
+def _copy_plots(report: dict[str, Any] | None, root: Path | None, tmp: Path, warnings: list[str]) -> list[str]:
+    if not report or root is None:
+        return []
+    plots = report.get("plots") or {}
+    copied = []
+    for name in plots.values() if isinstance(plots, dict) else []:
+        src = root / str(name)
+        if not src.is_file():
+            warnings.append(f"the eval report names plot {name} but {src} does not exist; the card omits it")
+            continue
+        shutil.copy2(src, tmp / src.name)
+        copied.append(src.name)
+    return copied
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading an export back
+
+
+def read_export_meta(path: str | Path) -> dict[str, Any]:
+    """The ``specgraft_export.json`` of an export folder."""
+    path = Path(path)
+    file = path / EXPORT_META_NAME
+    if not file.is_file():
+        raise SpecgraftError(f"{path} has no {EXPORT_META_NAME}, so it is not a specgraft export; pass a folder "
+                             "written by `specgraft export`")
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecgraftError(f"{file} is not valid JSON ({exc}); re-export the head") from None
+    for key in ("format", "head_type", "head"):
+        if key not in meta:
+            raise SpecgraftError(f"{file} lacks {key!r}; re-export the head")
+    return meta
+
+
+def load_export(path: str | Path, target: Target) -> DraftHead:
+    """Rebuild a specgraft head from an export folder of any format, reading the weights from the ENGINE's files
+    (the round trip that proves an export holds exactly the trained head)."""
+    path = Path(path)
+    export_meta = read_export_meta(path)
+    fmt, head_type, meta = export_meta["format"], export_meta["head_type"], export_meta["head"]
+    if fmt == "native":
+        return load_head(target, path)
+    TargetIdentity.from_dict(meta["target"]).require_compatible(target.identity, what=f"{head_type} export")
+    config_file = path / CONFIG_NAME
+    weights = path / WEIGHTS_FILE[(head_type, fmt)]
+    for file in (config_file, weights):
+        if not file.is_file():
+            raise SpecgraftError(f"{path} lacks {file.name}; the export is incomplete, re-export the head")
+    engine_config = json.loads(config_file.read_text(encoding="utf-8"))
+    _check_engine_config(engine_config, head_type, fmt, target)
+    cls = head_class(head_type)
+    head = cls(cls.Config(**meta["config"]), target)
+    want = head.state_dict()
+    tensors = load_file(str(weights))
+    lm_head = target.output_head.weight.detach().cpu() if head_type == "medusa" else None
+    state = from_engine(head_type, fmt, tensors, engine_config, meta["config"], want, lm_head)
+    bad = [k for k in want if tuple(state[k].shape) != tuple(want[k].shape)]
+    if bad:
+        raise SpecgraftError(f"{weights}: tensor for {bad[0]} has shape {tuple(state[bad[0]].shape)}, expected "
+                             f"{tuple(want[bad[0]].shape)}; the export was made for another head")
+    head.load_state_dict(state, strict=True)
+    head.to(device=target.device)
+    return head
+
+
+def _check_engine_config(config: dict[str, Any], head_type: str, fmt: str, target: Target) -> None:
+    """The exported config must describe ``target`` (sizes, RoPE base, norms)."""
+    tc = target.text_config
+    layer = config.get("transformer_layer_config", config)
+    if head_type == "medusa":
+        checks = {"hidden_size": tc.hidden_size, "vocab_size": tc.vocab_size}
+    else:
+        from specgraft.export.target_info import rope_fields
+
+        checks = {"hidden_size": tc.hidden_size, "vocab_size": tc.vocab_size,
+                  "max_position_embeddings": tc.max_position_embeddings, "rms_norm_eps": float(tc.rms_norm_eps),
+                  "num_attention_heads": tc.num_attention_heads, "rope_theta": rope_fields(tc)["rope_theta"]}
+    for key, value in checks.items():
+        if layer.get(key) != value:
+            raise SpecgraftError(f"the {fmt} export's config has {key}={layer.get(key)!r} but the target has "
+                                 f"{value!r}; it was exported for another target")
