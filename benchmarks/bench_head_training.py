@@ -71,10 +71,11 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=["medusa", "eagle", "eagle3"])
     parser.add_argument("--features", nargs="+", default=["online"], choices=["online", "offline"])
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (the machine has 2 cores).")
     parser.add_argument("--json", help="Also write the results to this JSON file.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
 
     rows = []
     print(f"{'algorithm':<8} {'features':<8} {'ours tok/s':>11} {'peer tok/s':>11} {'ratio':>6} {'goal':>5}  "

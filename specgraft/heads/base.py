@@ -88,6 +88,9 @@ class DraftHead(nn.Module):
         super().__init__()
         self.config = config
         self.target_identity: TargetIdentity = target.identity
+        #: Whether ``training_loss`` computes its accuracy metrics (the trainer enables them only on logged steps,
+        #: since a top-5 rank over the vocabulary costs as much as the loss itself on small heads).
+        self.metrics_enabled = True
         # Borrowed, frozen, never saved: hidden from nn.Module registration on purpose.
         object.__setattr__(self, "_target", target)
 

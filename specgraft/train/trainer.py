@@ -76,6 +76,15 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
+def make_adamw(groups: list[dict[str, Any]], tr: Any) -> torch.optim.Optimizer:
+    """AdamW with the fused kernel where torch has one for the parameters' device (same maths, fewer passes)."""
+    kwargs = dict(lr=tr.learning_rate, betas=tuple(tr.adam_betas), eps=tr.adam_eps, weight_decay=tr.weight_decay)
+    try:
+        return torch.optim.AdamW(groups, fused=True, **kwargs)
+    except (RuntimeError, ValueError):
+        return torch.optim.AdamW(groups, **kwargs)
+
+
 class RecipeTrainer:
     """The shared training loop (accelerate, data, AdamW + schedule, checkpoints, exact resume, logging).
 
@@ -180,8 +189,7 @@ class RecipeTrainer:
         collate = None
         if tr.features == "offline":
             collate = self._use_offline_features(target)
-        optimizer = torch.optim.AdamW(groups, lr=tr.learning_rate, betas=tuple(tr.adam_betas), eps=tr.adam_eps,
-                                      weight_decay=tr.weight_decay)
+        optimizer = make_adamw(groups, tr)
         scheduler = get_scheduler(
             "constant_with_warmup" if tr.lr_scheduler == "constant" else tr.lr_scheduler,
             optimizer=optimizer, num_warmup_steps=tr.warmup_steps, num_training_steps=tr.max_steps,
@@ -274,6 +282,10 @@ class RecipeTrainer:
         return token_frequencies(self.dataset, vocab_size, only_loss_tokens=True)
 
     # -- checkpoints -----------------------------------------------------------------------------------------
+    def unwrapped_head(self) -> DraftHead | None:
+        """The head being trained, if the trained module has one."""
+        return getattr(self.unwrapped(), "head", None)
+
     def unwrapped(self) -> torch.nn.Module:
         """The step module without its DDP/DeepSpeed wrapper."""
         return self.accelerator.unwrap_model(self.step_module)
@@ -370,6 +382,11 @@ class RecipeTrainer:
         while self.step < tr.max_steps:
             batch = next(batches)
             self.micro_step += 1
+            head = self.unwrapped_head()
+            if head is not None:
+                # Accuracy metrics only on steps that are logged (the loss is logged as a window average).
+                next_step = self.step + 1
+                head.metrics_enabled = next_step % tr.log_every == 0 or next_step == tr.max_steps
             with acc.accumulate(step_module):
                 with acc.autocast():
                     result = step_module(batch, self.step)
