@@ -165,9 +165,10 @@ class Target:
         return getattr(self.text_config, "max_position_embeddings", None)
 
     def default_eagle3_layers(self) -> tuple[int, int, int]:
-        """EAGLE-3's default fused layers ``(2, N//2, N-3)`` in output_hidden_states indices."""
+        """EAGLE-3's default fused layers ``(2, N//2, N-3)`` in output_hidden_states indices, clamped into
+        ``0..N`` for targets with fewer than 5 layers."""
         n = self.num_layers
-        return (2, n // 2, n - 3)
+        return tuple(min(max(i, 0), n) for i in (2, n // 2, n - 3))
 
     def check_layer_indices(self, layers: Sequence[int], what: str = "layer index") -> None:
         """Raise if any index is outside ``[0, N]`` (output_hidden_states convention)."""

@@ -56,11 +56,6 @@ from specgraft.target import Target, TargetOutput
 logger = logging.getLogger(__name__)
 
 
-def default_feature_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's ``(2, N//2, N-3)``, clamped into ``0..N`` for targets too shallow for it (N < 5)."""
-    return [min(max(i, 0), num_layers) for i in (2, num_layers // 2, num_layers - 3)]
-
-
 @dataclass
 class Eagle3Config:
     """Hyper-parameters of an EAGLE-3 head (saved in ``head_config.json``)."""
@@ -132,8 +127,8 @@ class Eagle3Head(EagleHeadBase):
     def config_from_recipe(cls, head_cfg: Any, target: Target) -> Eagle3Config:
         layers = head_cfg.feature_layers
         if layers is None:
-            layers = default_feature_layers(target.num_layers)
-            if list(layers) != list(target.default_eagle3_layers()):
+            layers = list(target.default_eagle3_layers())
+            if target.num_layers < 5:
                 logger.warning("target %s has only %d layers; EAGLE-3 fuses layers %s (the default (2, N//2, N-3) "
                                "clamped to 0..N)", target.name_or_path, target.num_layers, layers)
         layers = [int(i) for i in layers]

@@ -10,7 +10,7 @@ from transformers import DynamicCache
 from specgraft.config import HeadConfig
 from specgraft.errors import SpecgraftError
 from specgraft.heads import head_class, load_head
-from specgraft.heads.eagle3 import Eagle3Head, default_feature_layers, eagle3_ttt_loss
+from specgraft.heads.eagle3 import Eagle3Head, eagle3_ttt_loss
 from specgraft.heads.eagle_layers import causal_additive_mask
 from specgraft.target import Target, TargetOutput
 from specgraft.testing import tiny_model
@@ -187,9 +187,12 @@ def test_save_load_round_trip(tmp_path, tiny_llama):
 
 
 def test_default_feature_layers():
-    assert default_feature_layers(32) == [2, 16, 29]
-    assert default_feature_layers(4) == [2, 2, 1]
-    assert default_feature_layers(2) == [2, 1, 0]  # too shallow for (2, N//2, N-3): clamped into 0..N
+    def layers(n):
+        return Target(tiny_model("llama", num_hidden_layers=n)).default_eagle3_layers()
+
+    assert layers(32) == (2, 16, 29)
+    assert layers(4) == (2, 2, 1)
+    assert layers(2) == (2, 1, 0)  # too shallow for (2, N//2, N-3): clamped into 0..N
 
 
 def test_bad_inputs(tiny_llama):
