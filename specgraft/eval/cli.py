@@ -1,0 +1,259 @@
+"""Measure tau, acceptance and speedup per domain with the lossless decoder.
+
+``specgraft eval --target PATH (--head DIR | --draft DIR | --drafter self|random) --prompts FILE... --out DIR``
+decodes every prompt with the drafter and with plain decoding of the same target (the baseline), groups the
+results by domain and writes report.json, report.md, answers.jsonl and three PNG plots into ``--out`` (see
+:mod:`specgraft.eval.report`). Drafters:
+
+* ``--head DIR``: a trained head folder; the drafter class follows its ``head_type`` (medusa -> MedusaDrafter,
+  eagle / eagle3 -> EagleDrafter). ``--k`` is the draft depth, ``--tree-size`` the tree's tokens including the root
+  (Medusa default 64, EAGLE default 60), ``--eagle-top-k`` EAGLE-2's expansion width.
+* ``--draft DIR``: a separate draft LM with the target's vocabulary and tokenizer (a chain of ``--k`` tokens, or a
+  tree with ``--mode tree --branching 2,2``).
+* ``--drafter self``: the target drafting for itself (greedy tau is exactly k+1: a pipeline check);
+  ``--drafter random``: uniformly random drafts (tau about 1).
+
+There is no lossy (Medusa typical acceptance) option: the engine verifies losslessly only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from specgraft.errors import SpecgraftError, TargetMismatchError
+
+logger = logging.getLogger(__name__)
+
+#: Built-in drafters selectable with --drafter.
+BUILTIN_DRAFTERS = ("self", "random")
+#: head_type -> (module, drafter class).
+HEAD_DRAFTERS = {
+    "medusa": ("specgraft.heads.medusa_tree", "MedusaDrafter"),
+    "eagle": ("specgraft.heads.eagle_drafter", "EagleDrafter"),
+    "eagle3": ("specgraft.heads.eagle_drafter", "EagleDrafter"),
+}
+#: Draft length of the built-in and draft-model drafters when --k is not given.
+DEFAULT_K = 4
+#: Branching of the first levels when a draft model / self drafter is asked for a tree without --branching.
+DEFAULT_BRANCHING = (2, 2)
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specgraft eval``."""
+    parser.add_argument("--target", required=True, help="target model: a transformers folder or Hub id")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--head", type=Path, help="trained head folder (medusa, eagle or eagle3)")
+    which.add_argument("--draft", help="draft model folder (same vocabulary and tokenizer as the target)")
+    which.add_argument("--drafter", choices=BUILTIN_DRAFTERS, help="built-in drafter: self or random")
+    parser.add_argument("--prompts", nargs="+", required=True, type=Path,
+                        help="prompt files: FastChat question.jsonl, HumanEval .jsonl.gz, GSM8K, self-instruct or "
+                             "any JSONL with a prompt and a domain field")
+    parser.add_argument("--out", type=Path, required=True, help="output folder for the report")
+    parser.add_argument("--domain-field", help="JSON field that names each prompt's domain")
+    parser.add_argument("--prompt-field", help="JSON field holding the prompt text (reads files as generic JSONL)")
+    parser.add_argument("--limit-per-domain", type=int, help="evaluate only the first N prompts of each domain")
+    parser.add_argument("--k", type=int, help=f"draft depth (default {DEFAULT_K} for self/random/--draft, the "
+                                              "number of heads for Medusa, 6 for EAGLE)")
+    parser.add_argument("--mode", choices=("tree", "chain"),
+                        help="draft a tree or a chain (default: tree for heads, chain otherwise)")
+    parser.add_argument("--tree-size", type=int,
+                        help="tokens verified per step including the root, for head trees (Medusa 64, EAGLE 60)")
+    parser.add_argument("--branching", type=_int_list,
+                        help="children per level for --draft/self trees, e.g. 2,2 (default 2,2 with --mode tree)")
+    parser.add_argument("--eagle-top-k", type=int, help="EAGLE-2 tree: children per node and nodes expanded "
+                                                        "per depth (default 10)")
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                        help=f"tokens generated per turn at most (default {DEFAULT_MAX_NEW_TOKENS})")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1)")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling draws (default 0)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per turn; the median counts (default 1)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs before measuring (default 1)")
+    parser.add_argument("--ignore-eos", action="store_true", help="never stop at EOS (fixed-length runs)")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                        help="model dtype (default: float32 on CPU, bfloat16 on GPU)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice; 1 suits tiny models)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+# -- drafters ---------------------------------------------------------------------------------------------------------
+def _load_draft_model(path: str, target: Any, dtype: Any, device: str) -> tuple[Any, Any]:
+    """The draft LM and its tokenizer (None when the folder has none), refusing another vocabulary/tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specgraft.target import load_target, tokenizer_fingerprint
+
+    local = Path(path).expanduser()
+    if local.exists() and not (local / "config.json").is_file():
+        raise SpecgraftError(f"draft model folder {path} has no config.json; pass a transformers model folder")
+    tokenizer = None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        logger.info("draft model %s has no tokenizer; checking its vocabulary size only", path)
+    if tokenizer is not None:
+        draft = load_target(path, tokenizer, dtype=dtype, device=device).model
+    else:
+        draft = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    from specgraft.eval.kv import text_config
+
+    draft_vocab = int(text_config(draft).vocab_size)
+    if draft_vocab != target.vocab_size:
+        raise TargetMismatchError(f"the draft model {path} has a vocabulary of {draft_vocab} tokens but the target "
+                                  f"{target.name_or_path} has {target.vocab_size}; use a draft with the target's "
+                                  "vocabulary")
+    if tokenizer is not None and target.tokenizer is not None \
+            and tokenizer_fingerprint(tokenizer) != tokenizer_fingerprint(target.tokenizer):
+        raise TargetMismatchError(f"the draft model {path} has a different tokenizer from the target "
+                                  f"{target.name_or_path} (vocabulary or special tokens differ); use a draft trained "
+                                  "with the target's tokenizer")
+    return draft, tokenizer
+
+
+def _check_positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise SpecgraftError(f"{name} must be a positive integer, got {value}")
+
+
+def build_drafter(args: argparse.Namespace, target: Any, dtype: Any, device: str) -> tuple[Any, dict[str, Any]]:
+    """The drafter named by the arguments and what report.json records about it."""
+    from specgraft.eval.drafters import DraftModelDrafter, RandomDrafter, SelfDrafter
+
+    _check_positive("--k", args.k)
+    _check_positive("--tree-size", args.tree_size)
+    _check_positive("--eagle-top-k", args.eagle_top_k)
+    if args.branching is not None and any(b < 1 for b in args.branching):
+        raise SpecgraftError(f"--branching values must be >= 1, got {args.branching}")
+    if args.head is not None:
+        return _head_drafter(args, target)
+    if args.tree_size is not None or args.eagle_top_k is not None:
+        raise SpecgraftError("--tree-size and --eagle-top-k apply to --head drafters; for --draft/self trees use "
+                             "--mode tree --branching 2,2")
+    k = args.k or DEFAULT_K
+    mode = args.mode or ("tree" if args.branching else "chain")
+    if mode == "chain" and args.branching:
+        raise SpecgraftError("--branching makes a tree; drop --mode chain or drop --branching")
+    branching = tuple(args.branching or DEFAULT_BRANCHING) if mode == "tree" else None
+    if branching is not None and len(branching) > k:
+        raise SpecgraftError(f"--branching has {len(branching)} levels but the draft depth --k is {k}; give at most "
+                             f"{k} values or raise --k")
+    info: dict[str, Any] = {"k": k}
+    if branching is not None:
+        info["branching"] = list(branching)
+    if args.drafter == "random":
+        if mode == "tree":
+            raise SpecgraftError("the random drafter drafts chains only; drop --mode tree / --branching")
+        return RandomDrafter(target.vocab_size, k=k, seed=args.seed), {"type": "random", "path": None,
+                                                                       "mode": "chain", **info}
+    if args.drafter == "self":
+        return SelfDrafter(k=k, tree_topk=branching), {"type": "self", "path": None, "mode": mode, **info}
+    draft, draft_tok = _load_draft_model(args.draft, target, dtype, device)
+    drafter = DraftModelDrafter(draft, k=k, tree_topk=branching, tokenizer=draft_tok)
+    return drafter, {"type": "draft_model", "path": str(args.draft), "mode": mode, **info}
+
+
+def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str, Any]]:
+    import importlib
+
+    from specgraft.heads.base import load_head, read_head_config
+
+    if args.branching is not None:
+        raise SpecgraftError("--branching applies to --draft/self trees; for heads use --tree-size (and "
+                             "--eagle-top-k for EAGLE)")
+    head_type = read_head_config(args.head)["head_type"]
+    if head_type not in HEAD_DRAFTERS:
+        raise SpecgraftError(f"no drafter for head type {head_type!r}; known: {', '.join(HEAD_DRAFTERS)}")
+    head = load_head(target, args.head)
+    module, name = HEAD_DRAFTERS[head_type]
+    cls = getattr(importlib.import_module(module), name)
+    mode = args.mode or "tree"
+    info: dict[str, Any] = {"type": head_type, "path": str(args.head), "mode": mode}
+    if head_type == "medusa":
+        if args.eagle_top_k is not None:
+            raise SpecgraftError("--eagle-top-k applies to eagle/eagle3 heads, not medusa")
+        kwargs: dict[str, Any] = {"mode": mode}
+        if args.tree_size is not None:
+            if args.tree_size < 2:
+                raise SpecgraftError(f"--tree-size counts the root, so it must be >= 2, got {args.tree_size}")
+            kwargs["num_nodes"] = args.tree_size - 1
+        if args.k is not None:
+            kwargs["max_depth"] = args.k
+        drafter = cls(head, **kwargs)
+        info.update({"k": drafter.tree.depth, "tree_size": drafter.tree.size + 1})
+    else:
+        kwargs = {"mode": mode}
+        if args.k is not None:
+            kwargs["depth"] = args.k
+        if args.tree_size is not None:
+            kwargs["total_tokens"] = args.tree_size
+        if args.eagle_top_k is not None:
+            kwargs["top_k"] = args.eagle_top_k
+        drafter = cls(head, **kwargs)
+        info.update({"k": drafter.depth, "tree_size": drafter.total_tokens if mode == "tree" else drafter.depth + 1,
+                     "top_k": drafter.top_k})
+    return drafter, info
+
+
+# -- command --------------------------------------------------------------------------------------------------------
+def _device_and_dtype(args: argparse.Namespace) -> tuple[str, str]:
+    import torch
+
+    if args.threads is not None:
+        _check_positive("--threads", args.threads)
+        torch.set_num_threads(args.threads)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
+    return device, dtype
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate the inputs (cheap checks first), load target, drafter and prompts, evaluate, print the table."""
+    from specgraft.eval.prompts import load_prompts
+    from specgraft.eval.report import REPORT_JSON, REPORT_MD, EvalSettings, run_eval
+
+    settings = EvalSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, repeats=args.repeats, warmup=args.warmup,
+                            ignore_eos=args.ignore_eos)
+    settings.validate()
+    if args.out.exists() and not args.out.is_dir():
+        raise SpecgraftError(f"--out {args.out} is a file; pass a folder for the report")
+    prompts = load_prompts(args.prompts, domain_field=args.domain_field, prompt_field=args.prompt_field,
+                           limit_per_domain=args.limit_per_domain)
+    device, dtype = _device_and_dtype(args)
+
+    from specgraft.target import load_target
+
+    target = load_target(args.target, dtype=dtype, device=device)
+    drafter, info = build_drafter(args, target, dtype, device)
+    logger.info("evaluating %s drafter (%s) on %d prompts from %d file(s)", info["type"], info["mode"], len(prompts),
+                len(args.prompts))
+    report = run_eval(target, drafter, prompts, args.out, settings=settings, drafter_info=info,
+                      progress=not args.no_progress)
+    _print_summary(report)
+    print(f"wrote {args.out / REPORT_JSON}, {args.out / REPORT_MD}, answers and plots to {args.out}")
+    return 0
+
+
+def _print_summary(report: dict[str, Any]) -> None:
+    from specgraft.eval.report import render_markdown
+
+    table = [line for line in render_markdown(report).splitlines() if line.startswith("|")]
+    print("\n".join(table))
+    overall = report.get("overall") or {}
+    print(f"lossless check: {overall.get('lossless_check')}")

@@ -1,0 +1,606 @@
+"""Per-domain evaluation: run a drafter against plain decoding of the same target, write the report.
+
+:func:`run_eval` decodes every prompt (every turn of multi-turn conversations, each continuing with the generated
+answer) twice per repeat -- plain decoding (``drafter=None``, the baseline) then speculative decoding -- on the
+same :class:`~specgraft.eval.decoder.SpeculativeDecoder` code path, in the same process, after warm-up runs.
+Interleaving baseline and speculative runs per prompt cancels slow machine drift; with several repeats each
+prompt's time is the median (every repeat is seeded identically, so repeats redo exactly the same work).
+
+Outputs in ``out_dir`` (each written atomically):
+
+* ``report.json``: target identity, drafter, settings, ``overall`` and per-domain metrics (schema in
+  :data:`METRIC_KEYS`; other code, e.g. the model card, reads these keys), plot and answer file names.
+* ``report.md``: one table, a row per domain and the overall row.
+* ``answers.jsonl``: one line per prompt and turn (id, domain, prompt text, answer text and ids, baseline ids and
+  whether they are equal, per-prompt tau, tokens, times), so losslessness and quality can be checked afterwards.
+* ``tau_by_domain.png``, ``acceptance_by_depth.png``, ``speedup_by_domain.png``.
+
+Metrics (field notes section 5): tau pools verification steps (mean of accepted + 1); acceptance by depth pools
+per-depth counts; alpha_exact pools ``sum_x min(p, q)`` over verified positions (only drafters that report q);
+tokens/s is total new tokens over total seconds; speedup is the mean of per-prompt tokens/s ratios and the ratio of
+total tokens/s. The lossless check (greedy only) compares each answer's ids with the baseline's, token for token.
+Verification is always lossless: the engine has no lossy (typical) acceptance, so ``settings.lossy`` is False.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specgraft.errors import SpecgraftError
+from specgraft.eval import metrics
+from specgraft.eval.decoder import GenerationResult, SpeculativeDecoder
+from specgraft.eval.drafter import Drafter
+from specgraft.eval.prompts import Prompt, domains, has_chat_template, render_turn
+from specgraft.eval.verify import check_sampling_params
+from specgraft.utils.io import atomic_path, atomic_write_json, atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+ANSWERS_JSONL = "answers.jsonl"
+PLOTS = {"tau_by_domain": "tau_by_domain.png", "acceptance_by_depth": "acceptance_by_depth.png",
+         "speedup_by_domain": "speedup_by_domain.png"}
+#: The metric keys of ``overall`` and of every domain in report.json (readers rely on them).
+METRIC_KEYS = ("tau", "acceptance_by_depth", "alpha_exact", "tokens_per_s", "baseline_tokens_per_s",
+               "speedup_mean_of_ratios", "speedup_ratio_of_totals", "num_prompts", "lossless_check")
+OVERALL = "overall"
+#: Plot size (inches; bar charts widen by PLOT_WIDTH_PER_BAR per domain beyond PLOT_MIN_BARS) and resolution.
+PLOT_SIZE = (8.0, 4.5)
+PLOT_WIDTH_PER_BAR = 0.75
+PLOT_MIN_BARS = 8
+PLOT_DPI = 120
+
+
+@dataclass
+class EvalSettings:
+    """Decoding and measurement settings of an evaluation.
+
+    Attributes:
+        max_new_tokens: tokens generated per turn at most (baseline and speculative alike).
+        temperature, top_p, top_k: target-side sampling (temperature 0 = greedy).
+        seed: base seed; generation ``i`` (in prompt/turn order) of both runs is seeded with ``seed + i``.
+        repeats: timed runs per turn (median time); the outputs of every repeat are identical.
+        warmup: untimed runs of both decoders on the first prompt before measuring.
+        ignore_eos: never stop at EOS (fixed-length measurements).
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    repeats: int = 1
+    warmup: int = 1
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        """Raise SpecgraftError for values outside their domain."""
+        check_sampling_params(self.temperature, self.top_k, self.top_p)
+        for name, low in (("max_new_tokens", 1), ("repeats", 1), ("warmup", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or int(value) != value or value < low:
+                raise SpecgraftError(f"{name} must be an integer >= {low}, got {value!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["lossy"] = False  # the engine only verifies losslessly (no typical acceptance)
+        return out
+
+
+@dataclass
+class TurnRecord:
+    """One turn of one prompt: the speculative and the baseline generation (times are medians over repeats)."""
+
+    prompt: Prompt
+    turn: int
+    prompt_text: str
+    prompt_tokens: int
+    spec: GenerationResult
+    base: GenerationResult
+    spec_times: list[float] = field(default_factory=list)
+    base_times: list[float] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return self.spec.generated_ids == self.base.generated_ids
+
+
+# -- running --------------------------------------------------------------------------------------------------------
+def _unwrap_target(target: Any, tokenizer: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """(model, tokenizer, identity dict) of a Target or a bare PreTrainedModel."""
+    from specgraft.target import Target
+
+    if not isinstance(target, Target):
+        target = Target(target, tokenizer)
+    tok = tokenizer if tokenizer is not None else target.tokenizer
+    return target.model, tok, target.identity.to_dict()
+
+
+def describe_drafter(drafter: Drafter | None) -> dict[str, Any]:
+    """A best-effort ``{"type", "path", "mode", ...}`` for a drafter built in Python (the CLI passes its own)."""
+    if drafter is None:
+        return {"type": "none", "path": None, "mode": "none"}
+    info: dict[str, Any] = {"type": type(drafter).__name__, "path": None}
+    mode = getattr(drafter, "mode", None)
+    if mode is None:
+        mode = "tree" if getattr(drafter, "tree_topk", None) else "chain"
+    info["mode"] = mode
+    for attr in ("k", "depth", "top_k", "total_tokens", "tree_topk"):
+        value = getattr(drafter, attr, None)
+        if isinstance(value, (int, tuple, list)) and value not in ((), []):
+            info[attr] = list(value) if isinstance(value, tuple) else value
+    return info
+
+
+def _context_limit(model: Any) -> int | None:
+    from specgraft.eval.kv import text_config
+
+    return getattr(text_config(model), "max_position_embeddings", None)
+
+
+def _timed_pair(base: SpeculativeDecoder, spec: SpeculativeDecoder, ids: list[int], settings: EvalSettings,
+                seed: int) -> tuple[GenerationResult, GenerationResult, list[float], list[float]]:
+    """Run baseline then speculative ``repeats`` times; return the first results with median times."""
+    base_runs, spec_runs = [], []
+    for _ in range(settings.repeats):
+        base_runs.append(base.generate(ids, settings.max_new_tokens, seed=seed))
+        spec_runs.append(spec.generate(ids, settings.max_new_tokens, seed=seed))
+    b, s = base_runs[0], spec_runs[0]
+    base_times = [r.wall_time_s for r in base_runs]
+    spec_times = [r.wall_time_s for r in spec_runs]
+    b.wall_time_s = statistics.median(base_times)
+    s.wall_time_s = statistics.median(spec_times)
+    s.draft_time_s = statistics.median(r.draft_time_s for r in spec_runs)
+    return b, s, base_times, spec_times
+
+
+def run_eval(
+    target: Any,
+    drafter: Drafter,
+    prompts: Sequence[Prompt],
+    out_dir: str | Path,
+    *,
+    tokenizer: Any = None,
+    settings: EvalSettings | None = None,
+    drafter_info: dict[str, Any] | None = None,
+    progress: bool = True,
+    **setting_overrides: Any,
+) -> dict[str, Any]:
+    """Evaluate ``drafter`` on ``target`` over ``prompts``; write the report files to ``out_dir``; return the report.
+
+    Args:
+        target: a :class:`~specgraft.target.Target` or a transformers causal LM (then pass ``tokenizer``).
+        drafter: the drafter to measure (built for this target).
+        prompts: from :func:`specgraft.eval.prompts.load_prompts`.
+        out_dir: folder for report.json, report.md, answers.jsonl and the plots (created if needed).
+        tokenizer: the target's tokenizer (default: the Target's).
+        settings: decoding/measurement settings; keyword overrides (``max_new_tokens=...``) build one.
+        drafter_info: what report.json records under ``drafter`` (default: :func:`describe_drafter`).
+        progress: show a tqdm progress bar on stderr.
+    """
+    settings = settings or EvalSettings()
+    if setting_overrides:
+        unknown = sorted(set(setting_overrides) - set(EvalSettings.__dataclass_fields__))
+        if unknown:
+            raise TypeError(f"unknown eval settings {unknown}")
+        settings = EvalSettings(**{**asdict(settings), **setting_overrides})
+    settings.validate()
+    prompts = list(prompts)
+    if not prompts:
+        raise SpecgraftError("no prompts to evaluate; pass a prompt file with at least one prompt")
+    model, tok, identity = _unwrap_target(target, tokenizer)
+    if tok is None:
+        raise SpecgraftError("evaluation needs the target's tokenizer (prompts are text); load the target with it")
+    context = _context_limit(model)
+    first_turns = [render_turn(tok, p.turns, []) for p in prompts]
+    if context is not None:
+        for p, (_, ids) in zip(prompts, first_turns):
+            if len(ids) >= context:
+                raise SpecgraftError(f"prompt {p.id} (domain {p.domain}) has {len(ids)} tokens, at or over the "
+                                     f"target's context of {context} tokens, leaving no room to generate; shorten "
+                                     "it or remove it from the prompt file")
+    common = dict(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+                  ignore_eos=settings.ignore_eos, seed=settings.seed)
+    base = SpeculativeDecoder(model, tok, drafter=None, **common)
+    spec = SpeculativeDecoder(model, tok, drafter=drafter, **common)
+
+    warm_ids = first_turns[0][1]
+    for _ in range(settings.warmup):
+        base.generate(warm_ids, settings.max_new_tokens, seed=settings.seed)
+        spec.generate(warm_ids, settings.max_new_tokens, seed=settings.seed)
+
+    from tqdm.auto import tqdm
+
+    records: list[TurnRecord] = []
+    skipped: list[dict[str, Any]] = []
+    generation = 0
+    started = time.perf_counter()
+    with tqdm(total=sum(len(p.turns) for p in prompts), desc="eval", unit="turn", file=sys.stderr,
+              disable=not progress, dynamic_ncols=True) as bar:
+        for p, first in zip(prompts, first_turns):
+            answers: list[str] = []
+            for turn in range(len(p.turns)):
+                text, ids = first if turn == 0 else render_turn(tok, p.turns, answers)
+                if context is not None and len(ids) >= context:
+                    left = len(p.turns) - turn
+                    logger.warning("prompt %s: turn %d with the earlier answers has %d tokens, over the context "
+                                   "of %d; skipping its last %d turn(s)", p.id, turn, len(ids), context, left)
+                    skipped.append({"prompt_id": p.id, "domain": p.domain, "from_turn": turn, "tokens": len(ids)})
+                    bar.update(left)
+                    break
+                b, s, base_times, spec_times = _timed_pair(base, spec, ids, settings, settings.seed + generation)
+                generation += 1
+                answers.append(s.text or "")
+                records.append(TurnRecord(prompt=p, turn=turn, prompt_text=text, prompt_tokens=len(ids), spec=s,
+                                          base=b, spec_times=spec_times, base_times=base_times))
+                bar.set_postfix(domain=p.domain[:16], tau=f"{s.tau:.2f}")
+                bar.update(1)
+    logger.info("decoded %d turns of %d prompts in %.1f s", len(records), len(prompts),
+                time.perf_counter() - started)
+
+    report = build_report(records, settings, identity, drafter_info or describe_drafter(drafter),
+                          domain_order=domains(prompts))
+    report["prompt_format"] = "chat_template" if has_chat_template(tok) else "raw_text"
+    report["skipped_turns"] = skipped
+    write_outputs(report, records, out_dir)
+    return report
+
+
+# -- aggregation ----------------------------------------------------------------------------------------------------
+def _finite(value: Any) -> Any:
+    """JSON-safe: nan/inf -> None, recursively."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _safe_speedup(base: list[tuple[int, float]], spec: list[tuple[int, float]]) -> dict[str, float]:
+    pairs = [(b, s) for b, s in zip(base, spec) if b[0] > 0 and s[0] > 0 and b[1] > 0 and s[1] > 0]
+    if not pairs:
+        return {"mean_of_ratios": float("nan"), "ratio_of_totals": float("nan")}
+    return metrics.speedup([b for b, _ in pairs], [s for _, s in pairs])
+
+
+def lossless_summary(records: Sequence[TurnRecord], greedy: bool) -> dict[str, Any]:
+    """Per-prompt lossless check: ``lossless_check`` (a sentence), ``lossless_passed``, counts."""
+    if not greedy:
+        return {"lossless_check": "not checkable per prompt (sampling: outputs are random draws; the distribution "
+                                  "test is in the test-suite)",
+                "lossless_passed": None, "lossless_identical": None, "lossless_checked": 0}
+    per_prompt: dict[tuple[str, str], bool] = {}
+    for r in records:
+        key = (r.prompt.source, r.prompt.id)
+        per_prompt[key] = per_prompt.get(key, True) and r.identical
+    checked = len(per_prompt)
+    identical = sum(per_prompt.values())
+    failed = sorted(pid for (_, pid), ok in per_prompt.items() if not ok)
+    if identical == checked:
+        text = f"passed ({identical}/{checked} prompts token-identical to plain greedy decoding)"
+    else:
+        text = (f"FAILED ({checked - identical}/{checked} prompts differ from plain greedy decoding: "
+                f"{', '.join(failed[:5])}{' ...' if len(failed) > 5 else ''})")
+    return {"lossless_check": text, "lossless_passed": identical == checked, "lossless_identical": identical,
+            "lossless_checked": checked}
+
+
+def summarize_records(records: Sequence[TurnRecord], greedy: bool) -> dict[str, Any]:
+    """The metrics of a group of turns (a domain or all): the :data:`METRIC_KEYS` plus supporting counts.
+
+    ``draft_cost_per_step`` and ``verify_cost_per_step`` are the measured per-step times of drafting and of the
+    rest of a step (the verification forward and bookkeeping), in units of one baseline decoding step (baseline
+    seconds per token); ``specgraft simulate --report`` uses them as the measured cost model.
+    """
+    spec = metrics.summarize([r.spec for r in records])
+    base = metrics.summarize([r.base for r in records])
+    per_prompt: dict[tuple[str, str], list[TurnRecord]] = {}
+    for r in records:
+        per_prompt.setdefault((r.prompt.source, r.prompt.id), []).append(r)
+    base_pairs = [(sum(r.base.num_new_tokens for r in rs), sum(r.base.wall_time_s for r in rs))
+                  for rs in per_prompt.values()]
+    spec_pairs = [(sum(r.spec.num_new_tokens for r in rs), sum(r.spec.wall_time_s for r in rs))
+                  for rs in per_prompt.values()]
+    speed = _safe_speedup(base_pairs, spec_pairs)
+    base_step = base["wall_time_s"] / base["new_tokens"] if base["new_tokens"] else float("nan")
+    steps = spec["steps"]
+    draft_cost = spec["draft_time_s"] / steps / base_step if steps and base_step > 0 else float("nan")
+    verify_cost = ((spec["wall_time_s"] - spec["draft_time_s"]) / steps / base_step
+                   if steps and base_step > 0 else float("nan"))
+    out: dict[str, Any] = {
+        "tau": spec["tau"],
+        "acceptance_by_depth": spec["acceptance_by_depth"],
+        "alpha_exact": spec["alpha_exact"],
+        "tokens_per_s": spec["tokens_per_s"],
+        "baseline_tokens_per_s": base["tokens_per_s"],
+        "speedup_mean_of_ratios": speed["mean_of_ratios"],
+        "speedup_ratio_of_totals": speed["ratio_of_totals"],
+        "num_prompts": len(per_prompt),
+    }
+    out.update(lossless_summary(records, greedy))
+    out.update({
+        "num_turns": len(records),
+        "speedup_over_tau": speed["ratio_of_totals"] / spec["tau"] if steps else float("nan"),
+        "new_tokens": spec["new_tokens"],
+        "baseline_new_tokens": base["new_tokens"],
+        "wall_time_s": spec["wall_time_s"],
+        "baseline_wall_time_s": base["wall_time_s"],
+        "steps": steps,
+        "depth_attempted": spec["depth_attempted"],
+        "depth_accepted": spec["depth_accepted"],
+        "target_forwards": spec["target_forwards"],
+        "baseline_target_forwards": base["target_forwards"],
+        "draft_time_s": spec["draft_time_s"],
+        "draft_cost_per_step": draft_cost,
+        "verify_cost_per_step": verify_cost,
+    })
+    return out
+
+
+def build_report(records: Sequence[TurnRecord], settings: EvalSettings, target: dict[str, Any],
+                 drafter: dict[str, Any], domain_order: Sequence[str] | None = None) -> dict[str, Any]:
+    """The report.json object (NaN written as null)."""
+    order = list(domain_order) if domain_order else list(dict.fromkeys(r.prompt.domain for r in records))
+    groups = {d: [r for r in records if r.prompt.domain == d] for d in order}
+    report = {
+        "target": target,
+        "drafter": {"type": drafter.get("type"), "path": drafter.get("path"), "mode": drafter.get("mode"),
+                    **{k: v for k, v in drafter.items() if k not in ("type", "path", "mode")}},
+        "settings": settings.to_dict(),
+        "overall": summarize_records(records, settings.greedy) if records else {},
+        "domains": {d: summarize_records(rs, settings.greedy) for d, rs in groups.items() if rs},
+        "plots": dict(PLOTS),
+        "answers": ANSWERS_JSONL,
+        "measurement": {
+            "baseline": "the same decoder without a drafter (plain autoregressive decoding), same prompts and "
+                        "max_new_tokens",
+            "order": "baseline then speculative, interleaved per turn, after warm-up",
+            "warmup_runs": settings.warmup,
+            "repeats": settings.repeats,
+            "time": "median over repeats",
+            "verification": "lossless (greedy match or exact rejection sampling)",
+        },
+    }
+    return _finite(report)
+
+
+# -- writing --------------------------------------------------------------------------------------------------------
+def answer_lines(records: Sequence[TurnRecord]) -> list[dict[str, Any]]:
+    """The answers.jsonl objects, one per prompt and turn."""
+    lines = []
+    for r in records:
+        lines.append(_finite({
+            "prompt_id": r.prompt.id,
+            "domain": r.prompt.domain,
+            "turn": r.turn,
+            "source": r.prompt.source,
+            "prompt": r.prompt_text,
+            "prompt_tokens": r.prompt_tokens,
+            "answer": r.spec.text,
+            "answer_ids": r.spec.generated_ids,
+            "baseline_answer": r.base.text,
+            "baseline_ids": r.base.generated_ids,
+            "baseline_equal": r.identical,
+            "tau": r.spec.tau,
+            "steps": r.spec.num_steps,
+            "accepted_lengths": r.spec.accepted_lengths,
+            "new_tokens": r.spec.num_new_tokens,
+            "baseline_new_tokens": r.base.num_new_tokens,
+            "time_s": r.spec.wall_time_s,
+            "baseline_time_s": r.base.wall_time_s,
+            "times_s": r.spec_times,
+            "baseline_times_s": r.base_times,
+            "tokens_per_s": r.spec.tokens_per_second,
+            "baseline_tokens_per_s": r.base.tokens_per_second,
+            "stop_reason": r.spec.stop_reason,
+            "baseline_stop_reason": r.base.stop_reason,
+        }))
+    return lines
+
+
+def write_outputs(report: dict[str, Any], records: Sequence[TurnRecord], out_dir: str | Path) -> Path:
+    """Write answers.jsonl, the plots, report.md and report.json (last, so a report always has its files)."""
+    import json
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise SpecgraftError(f"output path {out} is a file; pass a folder to --out")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / ANSWERS_JSONL,
+                      "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in answer_lines(records)))
+    write_plots(report, out)
+    atomic_write_text(out / REPORT_MD, render_markdown(report))
+    atomic_write_json(out / REPORT_JSON, report)
+    return out
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _lossless_cell(values: dict[str, Any]) -> str:
+    passed = values.get("lossless_passed")
+    if passed is None:
+        return "n/a (sampling)"
+    return f"{'passed' if passed else 'FAILED'} {values.get('lossless_identical')}/{values.get('lossless_checked')}"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """report.md: settings, then one table with a row per domain and the overall row."""
+    s, d, t = report.get("settings", {}), report.get("drafter", {}), report.get("target", {})
+    extra = ", ".join(f"{k}={v}" for k, v in d.items() if k not in ("type", "path", "mode") and v is not None)
+    lines = [
+        "# Speculative decoding evaluation",
+        "",
+        f"- target: `{t.get('name_or_path')}` ({t.get('architecture')}, {t.get('num_hidden_layers')} layers, "
+        f"vocab {t.get('vocab_size')})",
+        f"- drafter: {d.get('type')} ({d.get('mode')}{', ' + extra if extra else ''})"
+        + (f", `{d.get('path')}`" if d.get("path") else ""),
+        f"- decoding: temperature {s.get('temperature')}, top_p {s.get('top_p')}, top_k {s.get('top_k')}, "
+        f"max_new_tokens {s.get('max_new_tokens')}, seed {s.get('seed')}"
+        + (", ignore EOS" if s.get("ignore_eos") else ""),
+        f"- verification: {'LOSSY' if s.get('lossy') else 'lossless'}; prompts rendered as "
+        f"{report.get('prompt_format', 'text')}",
+        f"- timing: baseline = plain decoding of the same target in the same process; {s.get('warmup')} warm-up "
+        f"run(s), baseline and speculative interleaved per turn, median of {s.get('repeats')} repeat(s)",
+        "",
+        "| domain | prompts | tau | alpha_exact | acceptance by depth | tok/s spec | tok/s base | speedup (mean of "
+        "ratios) | speedup (ratio of totals) | speedup/tau | lossless |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    rows = list((report.get("domains") or {}).items())
+    if report.get(OVERALL):
+        rows.append(("**overall**", report[OVERALL]))
+    for name, v in rows:
+        depth = " ".join(_fmt(x, 2) for x in v.get("acceptance_by_depth") or []) or "-"
+        lines.append(
+            f"| {name} | {_fmt(v.get('num_prompts'))} | {_fmt(v.get('tau'))} | {_fmt(v.get('alpha_exact'), 3)} | "
+            f"{depth} | {_fmt(v.get('tokens_per_s'), 1)} | {_fmt(v.get('baseline_tokens_per_s'), 1)} | "
+            f"{_fmt(v.get('speedup_mean_of_ratios'))}x | {_fmt(v.get('speedup_ratio_of_totals'))}x | "
+            f"{_fmt(v.get('speedup_over_tau'))} | {_lossless_cell(v)} |")
+    overall = report.get(OVERALL) or {}
+    lines += ["", f"Lossless check: {overall.get('lossless_check', '-')}.", ""]
+    lines += ["tau = mean over verification steps of (accepted drafts + 1). Acceptance by depth d = P(a depth-d "
+              "draft is accepted | the path reached depth d-1). speedup/tau uses the ratio of totals: 1.0 would mean "
+              "drafting and verifying cost no more than one plain decoding step.", ""]
+    skipped = report.get("skipped_turns") or []
+    if skipped:
+        lines += [f"{len(skipped)} conversation(s) stopped early: a later turn with its history exceeded the "
+                  "target's context.", ""]
+    for key, file in (report.get("plots") or {}).items():
+        lines += [f"![{key.replace('_', ' ')}]({file})", ""]
+    lines.append(f"Answers: `{report.get('answers', ANSWERS_JSONL)}` (one line per prompt and turn).")
+    return "\n".join(lines) + "\n"
+
+
+# -- plots ----------------------------------------------------------------------------------------------------------
+def _value(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else float("nan")
+
+
+def _save(fig: Any, path: Path) -> None:
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=PLOT_DPI)
+
+
+def _bar_labels(ax: Any, bars: Any, values: Sequence[float], fmt: str, fontsize: float = 8) -> None:
+    for bar, v in zip(bars, values):
+        label = fmt.format(v) if math.isfinite(v) else "n/a"
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height() if math.isfinite(v) else 0),
+                    ha="center", va="bottom", fontsize=fontsize, xytext=(0, 2), textcoords="offset points")
+
+
+def _title(report: dict[str, Any], what: str) -> str:
+    d = report.get("drafter", {})
+    name = str((report.get("target") or {}).get("name_or_path", ""))
+    short = name.rstrip("/").rsplit("/", 1)[-1] if name else "target"
+    return f"{what}: {d.get('type')} drafter ({d.get('mode')}) on {short}"
+
+
+def write_plots(report: dict[str, Any], out_dir: Path) -> None:
+    """tau_by_domain.png, acceptance_by_depth.png and speedup_by_domain.png (matplotlib, no pyplot state)."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    domains_ = list((report.get("domains") or {}).items())
+    rows = domains_ + ([("overall", report[OVERALL])] if report.get(OVERALL) else [])
+    names = [n for n, _ in rows]
+    colors = ["tab:blue"] * len(domains_) + ["tab:gray"] * (len(rows) - len(domains_))
+    rotate = 30 if len(names) > 4 else 0
+    ha = "right" if rotate else "center"
+    bar_size = (PLOT_SIZE[0] + PLOT_WIDTH_PER_BAR * max(0, len(names) - PLOT_MIN_BARS), PLOT_SIZE[1])
+    label_size = 8 if len(names) <= PLOT_MIN_BARS else 6.5
+
+    # tau by domain
+    fig = Figure(figsize=bar_size, layout="constrained")
+    ax = fig.add_subplot()
+    taus = [_value(v.get("tau")) for _, v in rows]
+    bars = ax.bar(names, [0.0 if math.isnan(x) else x for x in taus], color=colors)
+    _bar_labels(ax, bars, taus, "{:.2f}", label_size)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
+    ax.annotate("1 = no draft accepted", (0, 1.0), xycoords=("axes fraction", "data"), xytext=(4, 3),
+                textcoords="offset points", fontsize=7)
+    ax.set_ylabel("tau (tokens per target forward)")
+    ax.set_ylim(0, max([x for x in taus if math.isfinite(x)] + [1.0]) * 1.15)
+    ax.set_title(_title(report, "tau by domain"), fontsize=10)
+    ax.tick_params(axis="x", labelrotation=rotate)
+    for label in ax.get_xticklabels():
+        label.set_ha(ha)
+    _save(fig, out_dir / PLOTS["tau_by_domain"])
+
+    # acceptance by depth
+    fig = Figure(figsize=PLOT_SIZE, layout="constrained")
+    ax = fig.add_subplot()
+    max_depth = 0
+    # tab10 repeats colours after ten lines; tab20 keeps up to twenty domains apart.
+    palette = matplotlib.colormaps["tab10" if len(domains_) <= 10 else "tab20"]
+    for index, (name, v) in enumerate(rows):
+        rates = [_value(x) for x in v.get("acceptance_by_depth") or []]
+        if not rates:
+            continue
+        max_depth = max(max_depth, len(rates))
+        depth = list(range(1, len(rates) + 1))
+        if name == "overall":
+            ax.plot(depth, rates, color="black", linewidth=2.5, marker="o", label="overall", zorder=3)
+        else:
+            ax.plot(depth, rates, linewidth=1.2, marker=".", alpha=0.8, label=name, color=palette(index % palette.N))
+    ax.set_xlabel("draft depth")
+    ax.set_ylabel("acceptance rate (given the parent was accepted)")
+    ax.set_ylim(0, 1.05)
+    if max_depth:
+        ax.set_xticks(list(range(1, max_depth + 1)))
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    else:
+        ax.text(0.5, 0.5, "no drafts were verified", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title(_title(report, "acceptance by depth"), fontsize=10)
+    _save(fig, out_dir / PLOTS["acceptance_by_depth"])
+
+    # speedup by domain
+    fig = Figure(figsize=bar_size, layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.4
+    xs = list(range(len(names)))
+    mean_r = [_value(v.get("speedup_mean_of_ratios")) for _, v in rows]
+    totals = [_value(v.get("speedup_ratio_of_totals")) for _, v in rows]
+    b1 = ax.bar([x - width / 2 for x in xs], [0.0 if math.isnan(x) else x for x in mean_r], width,
+                label="mean of per-prompt ratios", color="tab:orange")
+    b2 = ax.bar([x + width / 2 for x in xs], [0.0 if math.isnan(x) else x for x in totals], width,
+                label="ratio of totals", color="tab:green")
+    _bar_labels(ax, b1, mean_r, "{:.2f}", label_size)
+    _bar_labels(ax, b2, totals, "{:.2f}", label_size)
+    for bars_ in (b1, b2):
+        for bar in list(bars_)[len(domains_):]:
+            bar.set_hatch("//")  # the overall pair stands apart from the domains
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="no speedup")
+    ax.set_xticks(xs, names)
+    ax.tick_params(axis="x", labelrotation=rotate)
+    for label in ax.get_xticklabels():
+        label.set_ha(ha)
+    ax.set_ylabel("speedup over plain decoding (x)")
+    ax.set_ylim(0, max([x for x in mean_r + totals if math.isfinite(x)] + [1.0]) * 1.2)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title(_title(report, "wall-clock speedup by domain"), fontsize=10)
+    _save(fig, out_dir / PLOTS["speedup_by_domain"])

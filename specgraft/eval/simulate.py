@@ -1,0 +1,317 @@
+"""Predict tau and speedup for another setting from closed forms.
+
+``specgraft simulate (--alpha A | --acceptance-profile a1,a2,... | --report report.json) [--draft-length g |
+--tree-size n] [--cost-ratio c] ...`` prints the expected tokens per target forward (tau) and the speedup over plain
+decoding, with the closed forms of field notes section 4:
+
+* chain of g drafts, each accepted with probability alpha (independently):
+  ``tau = (1 - alpha^(g+1)) / (1 - alpha)``;
+* a measured per-depth acceptance profile r_1..r_D (conditional: P(depth d accepted | depth d-1 was), what
+  ``specgraft eval`` reports as ``acceptance_by_depth``, for chains and trees alike): ``tau = 1 + sum_d prod_{j<=d}
+  r_j``; a chain of ``--draft-length g`` uses the first g rates;
+* a tree from one alpha and ``--branching b_1,..,b_D`` siblings per depth: ``r_d = 1 - (1 - alpha)^b_d`` (siblings
+  assumed independent, which overestimates: real siblings are correlated -- prefer a measured profile);
+* ``speedup = tau / (F * c + v)`` where ``c`` (``--cost-ratio``) is one draft forward's cost over one target
+  decoding step, ``F`` (``--draft-forwards``) the draft forwards per step (default: the draft depth; 1 for Medusa,
+  whose heads run once per step), and ``v`` the verification forward's cost over one decoding step.
+
+Assumptions. ``v = 1`` by default: verifying a chain or a tree of n tokens costs about one target forward when the
+target is memory-bound (a large model on a GPU at batch size 1). On a CPU, or for large trees, a forward of n tokens
+costs more: pass ``--verify-cost-ratio v`` directly, or ``--verify-cost-per-token s`` for ``v = 1 + s (n - 1)`` with
+``n`` = ``--tree-size`` (or g + 1 for a chain). The costs of sampling, tree construction and cache bookkeeping are
+folded into ``c`` and ``v``. A different tree size changes the per-depth acceptance itself; the profile is taken as
+measured, so measure the tree you intend to serve.
+
+``--report report.json`` takes the measured profile (``overall`` or ``--domain``) and, unless ``--cost-ratio`` is
+given, the run's measured per-step costs (``draft_cost_per_step``, ``verify_cost_per_step``): that reproduces the
+measured run, and changing ``--cost-ratio`` (e.g. about 0.01-0.05 for a small draft head on a 70B target on a GPU)
+predicts another setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specgraft.errors import SpecgraftError
+from specgraft.eval import metrics
+
+MODES = ("chain", "tree")
+
+
+@dataclass
+class Prediction:
+    """A closed-form prediction.
+
+    Attributes:
+        tau: expected tokens per target forward (accepted drafts + the bonus token).
+        speedup: predicted wall-clock speedup over plain decoding.
+        mode: ``chain`` or ``tree``.
+        depth: draft depth used.
+        acceptance_by_depth: the per-depth conditional acceptance rates the prediction used.
+        draft_cost: drafting cost per step, in target decoding steps (``F * c``).
+        verify_cost: verification cost per step, in target decoding steps.
+        source: where the acceptance came from.
+        assumptions: one line each.
+    """
+
+    tau: float
+    speedup: float
+    mode: str
+    depth: int
+    acceptance_by_depth: list[float]
+    draft_cost: float
+    verify_cost: float
+    source: str
+    assumptions: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check_rate(value: float, what: str) -> float:
+    value = float(value)
+    if not 0.0 <= value <= 1.0 or math.isnan(value):
+        raise SpecgraftError(f"{what} must be in [0, 1], got {value}")
+    return value
+
+
+def predict(
+    *,
+    alpha: float | None = None,
+    profile: Sequence[float] | None = None,
+    draft_length: int | None = None,
+    tree_size: int | None = None,
+    branching: Sequence[int] | None = None,
+    cost_ratio: float | None = None,
+    draft_forwards: int | None = None,
+    verify_cost: float | None = None,
+    verify_cost_per_token: float | None = None,
+    draft_cost: float | None = None,
+    mode: str | None = None,
+    source: str = "",
+) -> Prediction:
+    """Predict tau and speedup (see the module docstring for the formulas and assumptions).
+
+    Args:
+        alpha: per-draft acceptance probability (e.g. a measured alpha_exact).
+        profile: measured per-depth conditional acceptance rates.
+        draft_length: chain length g (default: the profile's length; required with alpha for chains).
+        tree_size: tokens verified per step including the root (tree mode; enters only the verify cost).
+        branching: siblings per depth for a tree predicted from alpha.
+        cost_ratio: one draft forward's cost over one target decoding step (c).
+        draft_forwards: draft forwards per step (F; default: the depth).
+        verify_cost: the verification forward's cost in decoding steps (v; default 1, or from the per-token slope).
+        verify_cost_per_token: s in ``v = 1 + s (n - 1)``.
+        draft_cost: drafting cost per step in decoding steps, instead of ``F * c`` (a measured value).
+        mode: ``chain`` or ``tree`` (default: tree when tree_size or branching is given).
+    """
+    if (alpha is None) == (profile is None):
+        raise SpecgraftError("give exactly one of --alpha and --acceptance-profile (or --report)")
+    mode = mode or ("tree" if tree_size is not None or branching else "chain")
+    if mode not in MODES:
+        raise SpecgraftError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    for name, value, low in (("draft length", draft_length, 1), ("tree size", tree_size, 2),
+                             ("draft forwards", draft_forwards, 0)):
+        if value is not None and (int(value) != value or value < low):
+            raise SpecgraftError(f"{name} must be an integer >= {low}, got {value}")
+    if mode == "chain" and branching:
+        raise SpecgraftError("--branching describes a tree; drop it for a chain or drop --draft-length")
+    assumptions: list[str] = []
+
+    if profile is not None:
+        rates = [_check_rate(r, "acceptance rates") for r in profile]
+        if not rates:
+            raise SpecgraftError("the acceptance profile is empty; give one rate per draft depth, e.g. 0.8,0.7,0.6")
+        if draft_length is not None:
+            if draft_length > len(rates):
+                raise SpecgraftError(f"draft length {draft_length} needs {draft_length} per-depth rates but the "
+                                     f"profile has {len(rates)}; measure deeper drafts or shorten --draft-length")
+            rates = rates[:draft_length]
+        source = source or "per-depth acceptance profile"
+        assumptions.append("per-depth acceptance as measured (conditional on reaching the depth)")
+    else:
+        a = _check_rate(alpha, "alpha")
+        if mode == "tree":
+            if not branching:
+                raise SpecgraftError("a tree prediction from a single alpha needs --branching b1,b2,... (siblings per "
+                                     "depth), or a measured --acceptance-profile of the tree")
+            if any(int(b) != b or b < 1 for b in branching):
+                raise SpecgraftError(f"branching values must be integers >= 1, got {list(branching)}")
+            if draft_length is not None and draft_length != len(branching):
+                raise SpecgraftError(f"--branching has {len(branching)} depths but --draft-length is {draft_length}")
+            rates = metrics.tree_depth_acceptance([a] * len(branching), branching)
+            assumptions.append("siblings accepted independently with probability alpha (optimistic: real siblings "
+                               "are correlated)")
+        else:
+            if draft_length is None:
+                raise SpecgraftError("a chain prediction from alpha needs --draft-length g")
+            rates = [a] * int(draft_length)
+            assumptions.append("each draft accepted independently with probability alpha")
+        source = source or f"alpha {a:g}"
+    depth = len(rates)
+    tau = (metrics.expected_tokens_chain(float(alpha), depth) if profile is None and mode == "chain"
+           else metrics.expected_tokens_from_depth_acceptance(rates))
+
+    if draft_cost is None:
+        if cost_ratio is None:
+            raise SpecgraftError("give --cost-ratio c (one draft forward's cost over one target decoding step), or a "
+                                 "--report with measured costs")
+        if not cost_ratio >= 0:
+            raise SpecgraftError(f"--cost-ratio must be >= 0, got {cost_ratio}")
+        forwards = depth if draft_forwards is None else int(draft_forwards)
+        draft_cost = forwards * float(cost_ratio)
+        assumptions.append(f"drafting costs {forwards} draft forward(s) of {float(cost_ratio):g} target steps each")
+    elif not draft_cost >= 0:
+        raise SpecgraftError(f"draft cost per step must be >= 0, got {draft_cost}")
+    if verify_cost is None:
+        if verify_cost_per_token is not None:
+            if not verify_cost_per_token >= 0:
+                raise SpecgraftError(f"--verify-cost-per-token must be >= 0, got {verify_cost_per_token}")
+            n = tree_size if tree_size is not None else (depth + 1 if mode == "chain" else None)
+            if n is None:
+                raise SpecgraftError("--verify-cost-per-token for a tree needs --tree-size (tokens per verification)")
+            verify_cost = 1.0 + float(verify_cost_per_token) * (n - 1)
+            assumptions.append(f"verifying {n} tokens costs 1 + {verify_cost_per_token:g} x {n - 1} decoding steps")
+        else:
+            verify_cost = 1.0
+            assumptions.append("verification costs one target forward (memory-bound target)")
+    elif not verify_cost > 0:
+        raise SpecgraftError(f"verification cost must be > 0, got {verify_cost}")
+    speedup = tau / (draft_cost + verify_cost)
+    return Prediction(tau=tau, speedup=speedup, mode=mode, depth=depth, acceptance_by_depth=list(rates),
+                      draft_cost=float(draft_cost), verify_cost=float(verify_cost), source=source,
+                      assumptions=assumptions)
+
+
+def read_report_profile(path: str | Path, domain: str | None = None) -> dict[str, Any]:
+    """The measured numbers of an eval report: ``profile``, ``alpha``, ``mode``, ``depth``, ``draft_cost``,
+    ``verify_cost``, ``tau``, ``speedup`` (of ``overall``, or of ``domain``)."""
+    path = Path(path)
+    file = path / "report.json" if path.is_dir() else path
+    if not file.is_file():
+        raise SpecgraftError(f"no eval report at {file}; pass the report.json that `specgraft eval` wrote")
+    try:
+        report = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecgraftError(f"{file} is not valid JSON ({exc}); re-run `specgraft eval`") from None
+    if not isinstance(report, dict) or "overall" not in report:
+        raise SpecgraftError(f"{file} is not a `specgraft eval` report (no 'overall'); pass a report.json")
+    if domain is None:
+        values = report["overall"]
+    else:
+        known = report.get("domains") or {}
+        if domain not in known:
+            raise SpecgraftError(f"domain {domain!r} is not in {file} (domains: {', '.join(known) or 'none'})")
+        values = known[domain]
+    raw = values.get("acceptance_by_depth") or []
+    profile: list[float] = []
+    for r in raw:  # a null rate means no step reached that depth: the profile ends there
+        if r is None:
+            break
+        profile.append(float(r))
+    drafter = report.get("drafter") or {}
+    return {"profile": profile, "alpha": values.get("alpha_exact"), "mode": drafter.get("mode"),
+            "depth": len(profile), "draft_cost": values.get("draft_cost_per_step"),
+            "verify_cost": values.get("verify_cost_per_step"), "tau": values.get("tau"),
+            "speedup": values.get("speedup_ratio_of_totals"), "tree_size": drafter.get("tree_size")}
+
+
+# -- CLI --------------------------------------------------------------------------------------------------------------
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return values
+
+
+def _ints(text: str) -> list[int]:
+    values = _floats(text)
+    if any(v != int(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return [int(v) for v in values]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specgraft simulate``."""
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--alpha", type=float, help="per-draft acceptance probability (e.g. a measured alpha_exact)")
+    src.add_argument("--acceptance-profile", type=_floats,
+                     help="measured per-depth acceptance rates a1,a2,... (report.json acceptance_by_depth)")
+    src.add_argument("--report", type=Path, help="an eval report.json (or its folder): use its measured profile")
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument("--draft-length", type=int, help="chain length g")
+    shape.add_argument("--tree-size", type=int, help="tree: tokens verified per step including the root")
+    parser.add_argument("--branching", type=_ints, help="tree from --alpha: siblings per depth, e.g. 4,2,2,1")
+    parser.add_argument("--cost-ratio", type=float,
+                        help="one draft forward's cost over one target decoding step (required unless --report)")
+    parser.add_argument("--draft-forwards", type=int,
+                        help="draft forwards per step (default: the draft depth; 1 for Medusa heads)")
+    parser.add_argument("--verify-cost-ratio", type=float,
+                        help="verification forward's cost in target decoding steps (default 1: memory-bound)")
+    parser.add_argument("--verify-cost-per-token", type=float,
+                        help="CPU/compute-bound: verification costs 1 + s*(n-1) steps for n tokens")
+    parser.add_argument("--domain", help="with --report: use this domain's numbers instead of overall")
+    parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the predicted tau and speedup (and the measured ones when --report is given)."""
+    measured = None
+    kwargs: dict[str, Any] = dict(draft_length=args.draft_length, tree_size=args.tree_size, branching=args.branching,
+                                  cost_ratio=args.cost_ratio, draft_forwards=args.draft_forwards,
+                                  verify_cost=args.verify_cost_ratio,
+                                  verify_cost_per_token=args.verify_cost_per_token)
+    if args.domain and args.report is None:
+        raise SpecgraftError("--domain selects a domain of a --report; pass --report too")
+    if args.report is not None:
+        measured = read_report_profile(args.report, args.domain)
+        if not measured["profile"]:
+            raise SpecgraftError(f"{args.report} has no acceptance profile (no drafts were verified); evaluate a "
+                                 "drafter first")
+        kwargs["profile"] = measured["profile"]
+        kwargs["mode"] = "tree" if (args.tree_size or measured["mode"] == "tree") else "chain"
+        kwargs["source"] = f"measured profile of {args.report}" + (f" ({args.domain})" if args.domain else "")
+        if args.tree_size is None and kwargs["mode"] == "tree":
+            kwargs["tree_size"] = measured.get("tree_size")
+        if args.cost_ratio is None:
+            if measured["draft_cost"] is None or measured["verify_cost"] is None:
+                raise SpecgraftError(f"{args.report} has no measured costs; pass --cost-ratio")
+            if args.draft_length is not None and args.draft_length != measured["depth"]:
+                raise SpecgraftError("the report's measured costs are for its own draft length; pass --cost-ratio "
+                                     "to predict another one")
+            kwargs["draft_cost"] = measured["draft_cost"]
+            if args.verify_cost_ratio is None and args.verify_cost_per_token is None:
+                kwargs["verify_cost"] = measured["verify_cost"]
+    elif args.alpha is not None:
+        kwargs["alpha"] = args.alpha
+    else:
+        kwargs["profile"] = args.acceptance_profile
+    pred = predict(**kwargs)
+    if args.json:
+        out = pred.to_dict()
+        if measured is not None:
+            out["measured"] = {"tau": measured["tau"], "speedup": measured["speedup"]}
+        print(json.dumps(out, indent=2))
+        return 0
+    shape = f"chain of {pred.depth}" if pred.mode == "chain" else f"tree of depth {pred.depth}"
+    print(f"setting: {shape}, acceptance from {pred.source}")
+    print("acceptance by depth: " + ", ".join(f"{r:.3f}" for r in pred.acceptance_by_depth))
+    print(f"cost per step: drafting {pred.draft_cost:.3f} + verification {pred.verify_cost:.3f} target decoding steps")
+    print(f"predicted tau: {pred.tau:.3f} tokens per target forward (bonus token included)")
+    print(f"predicted speedup: {pred.speedup:.3f}x over plain decoding")
+    if measured is not None and measured["tau"] is not None:
+        speed = measured["speedup"]
+        print(f"measured in the report: tau {measured['tau']:.3f}"
+              + (f", speedup {speed:.3f}x (ratio of totals)" if speed is not None else ""))
+    for line in pred.assumptions:
+        print(f"assumes: {line}")
+    return 0
