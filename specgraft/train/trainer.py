@@ -175,7 +175,8 @@ class RecipeTrainer:
         if self.dataset is None:
             from specgraft.data import build_dataset
 
-            splits = build_dataset(r.data, target.tokenizer)  # coordinates processes itself
+            # build_dataset coordinates processes itself; regeneration needs the target to generate with.
+            splits = build_dataset(r.data, target.tokenizer, model=target.model if r.data.regenerate else None)
             self.dataset = splits["train"]
             self.eval_dataset = splits.get("eval") if hasattr(splits, "get") else None
         else:
