@@ -33,7 +33,8 @@ def test_minimal_recipe_gets_defaults(tmp_path):
 
 def test_unknown_key_suggests_the_nearest(tmp_path):
     bad = {**MINIMAL, "training": {"learning_rat": 1e-3}}
-    with pytest.raises(ConfigError, match=r"unknown recipe key training\.learning_rat; did you mean training\.learning_rate"):
+    with pytest.raises(ConfigError,
+                       match=r"unknown recipe key training\.learning_rat; did you mean training\.learning_rate"):
         load_recipe(write(tmp_path, bad))
     with pytest.raises(ConfigError, match=r"unknown recipe key trainig; did you mean training\?"):
         load_recipe(write(tmp_path, {**MINIMAL, "trainig": {}}))

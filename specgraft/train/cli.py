@@ -15,12 +15,17 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help="YAML recipe (see recipes/).")
+    add_job_arguments(parser, "recipes/medusa/, recipes/eagle/, recipes/eagle3/")
+
+
+def add_job_arguments(parser: argparse.ArgumentParser, where: str) -> None:
+    """The arguments every recipe job (``train``, ``distill``) takes."""
+    parser.add_argument("recipe", help=f"YAML recipe (see {where}).")
     parser.add_argument("overrides", nargs="*", help="Recipe overrides key.sub=value, e.g. training.max_steps=100.")
     parser.add_argument("--resume", action="store_true",
                         help="Continue the run in output.dir from its newest good checkpoint.")
     parser.add_argument("--num-processes", type=int, default=None,
-                        help="Launch this many processes through `accelerate launch`.")
+                        help="Launch this many processes (accelerate launch; torchrun on CPU-only machines).")
     parser.add_argument("--accelerate-config", default=None,
                         help="An accelerate config file (DDP, DeepSpeed, FSDP; see recipes/accelerate/).")
     parser.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
@@ -30,30 +35,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from specgraft.train.trainer import HeadTrainer
+
+    def done(recipe, trainer, summary) -> str:
+        return (f"head saved to {recipe.output.dir}/head  ({summary['steps']} steps, "
+                f"{summary['tokens_per_s']:.0f} target tokens/s)")
+
+    return run_job(args, HeadTrainer, "specgraft.train", done)
+
+
+def run_job(args: argparse.Namespace, trainer_cls: type, module: str, describe) -> int:
+    """Dry-run, hand off to a multi-process launcher, or train in this process; prints ``describe(...)``."""
     from specgraft.config import load_recipe
 
+    recipe = load_recipe(args.recipe, args.overrides)  # fail fast, before starting anything heavy
     if args.dry_run:
         from specgraft.train.dry_run import dry_run_recipe
 
-        summary = dry_run_recipe(load_recipe(args.recipe, args.overrides))
+        summary = dry_run_recipe(recipe, trainer_cls)
         print(f"dry run ok: {args.recipe} on a tiny random {summary['model_type']} "
               f"({summary['stand_in_layers']} layers): {summary['trainable_parameters']:,} trainable parameters, "
               f"{summary['optimizer_groups']} optimizer group(s), {summary['steps']} step")
         return 0
     if args.num_processes or args.accelerate_config:
-        return _launch(args)
-    from specgraft.train.trainer import HeadTrainer
-
-    recipe = load_recipe(args.recipe, args.overrides)
-    trainer = HeadTrainer(recipe, resume=args.resume, show_progress=not args.no_progress)
+        return _launch(args, module)
+    trainer = trainer_cls(recipe, resume=args.resume, show_progress=not args.no_progress)
     try:
         trainer.setup()
         summary = trainer.train()
     finally:
         trainer.cleanup()
     if trainer.accelerator.is_main_process:
-        print(f"head saved to {recipe.output.dir}/head  ({summary['steps']} steps, "
-              f"{summary['tokens_per_s']:.0f} target tokens/s)")
+        print(describe(recipe, trainer, summary))
     return 0
 
 
@@ -79,11 +92,8 @@ def launcher_command(module: str, num_processes: int | None, accelerate_config: 
     return [tool("torchrun"), "--nproc_per_node", str(num_processes or 1), "-m", module]
 
 
-def _launch(args: argparse.Namespace, module: str = "specgraft.train") -> int:
+def _launch(args: argparse.Namespace, module: str) -> int:
     """Re-run this job once per process (see :func:`launcher_command`)."""
-    from specgraft.config import load_recipe
-
-    load_recipe(args.recipe, args.overrides)  # fail fast, before starting processes
     cmd = launcher_command(module, args.num_processes, args.accelerate_config)
     cmd += [args.recipe, *args.overrides]
     if args.resume:

@@ -71,7 +71,9 @@ def dry_run_recipe(recipe: Recipe, trainer_cls: Any = None) -> dict[str, Any]:
         stand_in = copy.deepcopy(recipe)
         stand_in.data.path, stand_in.data.format = str(data), "messages"
         stand_in.data.max_length = min(stand_in.data.max_length, 96)
-        stand_in.data.regenerate = False  # needs generation on the real target
+        # Regeneration / sequence-level KD need a trained target: a random one answers with empty replies.
+        stand_in.data.regenerate = False
+        stand_in.distill.seq_kd = False
         stand_in.data.cache_dir = str(Path(tmp) / "cache")
         stand_in.data.num_samples = None
         stand_in.data.eval_fraction = 0.0

@@ -11,13 +11,20 @@ from specgraft.errors import SpecgraftError
 from specgraft.train.dry_run import guess_model_type
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
-HEAD_RECIPES = sorted(p for family in ("medusa", "eagle", "eagle3") for p in (RECIPES / family).glob("*.yaml"))
+#: recipe folder -> the command that runs its recipes.
+COMMAND = {"medusa": "train", "eagle": "train", "eagle3": "train", "distill": "distill"}
+JOB_RECIPES = sorted(p for family in COMMAND for p in (RECIPES / family).glob("*.yaml"))
 
 
-@pytest.mark.parametrize("recipe", HEAD_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("recipe", JOB_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recipe_dry_run(recipe, capsys):
-    assert cli_main(["train", str(recipe), "--dry-run"]) == 0
+    assert cli_main([COMMAND[recipe.parent.name], str(recipe), "--dry-run"]) == 0
     assert "dry run ok" in capsys.readouterr().out
+
+
+def test_every_recipe_folder_is_dry_run():
+    folders = {p.name for p in RECIPES.iterdir() if p.is_dir()} - {"accelerate"}
+    assert folders <= set(COMMAND) | {"demo"}, f"add a command for {folders - set(COMMAND)}"
 
 
 def test_model_type_guess():
