@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -60,6 +61,8 @@ def _command_of(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``specgraft`` and ``python -m specgraft``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Reading a local JSON/text file with `datasets` otherwise pings a download counter on the internet.
+    os.environ.setdefault("HF_UPDATE_DOWNLOAD_COUNTS", "false")
     command = _command_of(argv)
     parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)
