@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from specgraft.errors import SpecgraftError
 
@@ -31,6 +32,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (the problem and where to look) instead of usage + error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+
 def available_commands() -> dict[str, tuple[str, str]]:
     """The subcommands whose module is installed (capabilities land one by one)."""
     return {name: spec for name, spec in COMMANDS.items() if importlib.util.find_spec(spec[0]) is not None}
@@ -38,12 +46,12 @@ def available_commands() -> dict[str, tuple[str, str]]:
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; only ``command``'s module is imported to add its arguments."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="specgraft",
         description="Graft, train, evaluate and export speculative-decoding draft heads for Hugging Face LMs.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="Show debug logging.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (module_name, help_text) in available_commands().items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
