@@ -28,7 +28,8 @@ from specgraft.train.trainer import HeadTrainer
 #: Best published/measured peer throughput (target tokens/s) per (algorithm, feature mode), and who it is.
 PEERS = {
     ("medusa", "online"): (38_000, "Model-Optimizer Medusa (35-38k)"),
-    ("eagle", "online"): (12_900, "EAGLE repo EAGLE-1 (cached features, 12.9k)"),
+    ("medusa", "offline"): (38_000, "Model-Optimizer Medusa, online (no offline peer)"),
+    ("eagle", "online"): (12_900, "EAGLE repo EAGLE-1, cached (no online peer)"),
     ("eagle3", "online"): (9_000, "Model-Optimizer EAGLE-3 online (9.0k)"),
     ("eagle", "offline"): (12_900, "EAGLE repo EAGLE-1 cached (12.9k)"),
     ("eagle3", "offline"): (11_800, "SpecForge EAGLE-3 cached (11.8k)"),

@@ -301,10 +301,21 @@ class MedusaDrafter(Drafter):
                 raise SpecgraftError(f"medusa accuracy has {acc.shape[0]} rows but the head has {head.num_heads} "
                                      "heads; measure it for this head")
             self.tree = build_sparse_tree(acc, num_nodes=num_nodes, max_depth=max_depth)
-        self._parents = torch.tensor(self.tree.parents(), dtype=torch.long)
-        self._head_index = torch.tensor([d - 1 for d in self.tree.depths()], dtype=torch.long)  # [n]
-        self._rank = torch.tensor(self.tree.ranks(), dtype=torch.long)  # [n]
+        if self.tree.max_rank >= head.config.vocab_size:
+            raise SpecgraftError(f"the medusa tree uses rank {self.tree.max_rank} but the vocabulary has only "
+                                 f"{head.config.vocab_size} tokens; measure fewer top-k choices")
         self._depth_list = self.tree.depths()
+        # Index tensors of the static tree per device: [n] parent, head (depth - 1) and rank of each node.
+        self._indices: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def _tree_indices(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if device not in self._indices:
+            self._indices[device] = (
+                torch.tensor(self.tree.parents(), dtype=torch.long, device=device),
+                torch.tensor([d - 1 for d in self._depth_list], dtype=torch.long, device=device),
+                torch.tensor(self.tree.ranks(), dtype=torch.long, device=device),
+            )
+        return self._indices[device]
 
     def bind(self, target: Any, tokenizer: Any = None) -> None:
         """Refuse a target other than the one the head was built for (sizes, vocab, tokenizer)."""
@@ -336,14 +347,13 @@ class MedusaDrafter(Drafter):
         last = hidden[-1].to(self.head.blocks[0].layers[0].weight.device)  # [h]
         logits = self.head(last.view(1, 1, -1))[:, 0, 0].float()  # [K, V]
         top = logits.topk(self.tree.max_rank + 1, dim=-1).indices  # [K, r]
-        keep = [i for i, d in enumerate(self._depth_list) if d <= depth_limit]
-        head_index, rank, parents = self._head_index, self._rank, self._parents
-        if len(keep) < len(self._depth_list):
-            # Breadth-first order: the kept nodes are a prefix, so parent indices stay valid.
-            head_index, rank, parents = head_index[: len(keep)], rank[: len(keep)], parents[: len(keep)]
-        tokens = top[head_index.to(top.device), rank.to(top.device)]  # [n]
+        parents, head_index, rank = self._tree_indices(top.device)
+        # Breadth-first order: the nodes within the depth limit are a prefix, so parent indices stay valid.
+        n = sum(1 for d in self._depth_list if d <= depth_limit)
+        parents, head_index, rank = parents[:n], head_index[:n], rank[:n]
+        tokens = top[head_index, rank]  # [n]
         q = None
         if self.report_q:
             probs = logits.softmax(-1) if ctx.sampling.greedy else process_logits(logits, ctx.sampling)  # [K, V]
-            q = probs.index_select(0, head_index.to(probs.device)).to(device)  # [n, V]
+            q = probs.index_select(0, head_index).to(device)  # [n, V]
         return DraftTree(tokens=tokens.to(device), parents=parents.to(device), q=q, sampled=False)

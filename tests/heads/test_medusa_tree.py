@@ -260,6 +260,10 @@ def test_drafter_rejects_bad_arguments_and_other_targets():
         MedusaDrafter(head, mode="beam")
     with pytest.raises(SpecgraftError, match="rows"):
         MedusaDrafter(head, accuracy=torch.full((2, 5), 0.1))
+    beyond_vocab = torch.zeros(3, 400)
+    beyond_vocab[:, 350] = 0.9
+    with pytest.raises(SpecgraftError, match="rank 350"):
+        MedusaDrafter(head, accuracy=beyond_vocab)
     with pytest.raises(TargetMismatchError, match="hidden_size 64 vs 32"):
         SpeculativeDecoder(tiny_model("llama", hidden_size=32), drafter=MedusaDrafter(head))
     other_tok = tiny_tokenizer()
@@ -323,7 +327,6 @@ def test_sampling_decoding_runs_with_deterministic_siblings():
 
 
 @pytest.mark.shared
-@pytest.mark.slow
 def test_stories260k_greedy_equality_and_tau(stories260k_dir):
     torch.manual_seed(0)
     target = load_target(stories260k_dir)
