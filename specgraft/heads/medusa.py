@@ -218,12 +218,13 @@ class MedusaHead(DraftHead):
             ce_sum = _CrossEntropySum.apply(logits.float(), labels)
             ce = ce_sum / max(count, 1)
             total = total + (self.config.loss_decay ** k) * ce
-            with torch.no_grad():
-                rank = _label_rank(logits, labels)  # [N]
-                denom = max(count, 1)
-                metrics[f"loss/head{k}"] = ce.detach()
-                metrics[f"top1/head{k}"] = (rank < 1).sum().float() / denom
-                metrics[f"top5/head{k}"] = (rank < 5).sum().float() / denom
+            metrics[f"loss/head{k}"] = ce.detach()
+            if self.metrics_enabled:  # a rank over the vocabulary costs about as much as the loss itself
+                with torch.no_grad():
+                    rank = _label_rank(logits, labels)  # [N]
+                    denom = max(count, 1)
+                    metrics[f"top1/head{k}"] = (rank < 1).sum().float() / denom
+                    metrics[f"top5/head{k}"] = (rank < 5).sum().float() / denom
         return HeadLoss(loss=total, metrics=metrics)
 
 

@@ -440,8 +440,13 @@ class RecipeTrainer:
             "num_processes": acc.num_processes,
             **{k: v for k, v in self.data_facts.items() if isinstance(v, (int, float, str))},
         }
+        summary.update(self.before_final_save())
         self.save_final(summary)
         return summary
+
+    def before_final_save(self) -> dict[str, Any]:
+        """Last measurements before the final model is written (facts returned go into the summary)."""
+        return {}
 
     def save_final(self, summary: dict[str, Any]) -> None:
         acc = self.accelerator
@@ -495,6 +500,33 @@ class HeadTrainer(RecipeTrainer):
             return Medusa2Step(head, self.peft_model, target, r.lora), groups
         return _TrainStep(head, target), groups
 
+    #: Held-out batches used to measure a Medusa head's per-position top-k accuracy (its static tree).
+    accuracy_batches = 16
+
+    def before_final_save(self) -> dict[str, Any]:
+        """Medusa: measure each head's top-k accuracy on held-out data (or training rows when there is no eval
+        split) and store it in the head, so the drafter builds its static tree from measured numbers."""
+        head = self.head
+        if not hasattr(head, "set_topk_accuracy"):
+            return {}
+        from specgraft.heads.medusa_tree import measure_topk_accuracy
+
+        source = self.eval_dataset if self.eval_dataset is not None and len(self.eval_dataset) else self.dataset
+        pad_id = self.target.tokenizer.pad_token_id if self.target.tokenizer is not None else None
+        loader = DataLoader(source.with_format("torch") if hasattr(source, "with_format") else source,
+                            batch_size=self.recipe.training.micro_batch_size,
+                            collate_fn=lambda feats: _collate_tokens(feats, pad_id))
+        head.eval()
+        accuracy = measure_topk_accuracy(head, self.target, loader, max_batches=self.accuracy_batches)
+        head.train()
+        head.set_topk_accuracy(accuracy)
+        measured_on = "held-out" if source is self.eval_dataset else "training"
+        logger.info("medusa top-1 accuracy per head (%s data): %s", measured_on,
+                    ", ".join(f"{a:.3f}" for a in accuracy[:, 0].tolist()))
+        return {"medusa_top1_accuracy": [round(a, 4) for a in accuracy[:, 0].tolist()],
+                "medusa_top5_accuracy": [round(a, 4) for a in accuracy[:, :5].sum(-1).tolist()],
+                "accuracy_measured_on": measured_on}
+
     def feature_layers(self) -> tuple[tuple[int, ...], bool]:
         head = self._built_head
         return tuple(head.required_layers()), type(head).needs_target_logits
@@ -518,6 +550,14 @@ class HeadTrainer(RecipeTrainer):
 
             adapter = load_file(str(folder / ADAPTER_DIR / "adapter_model.safetensors"))
             set_peft_model_state_dict(self.peft_model, adapter)
+
+
+def _collate_tokens(features: list[dict[str, Any]], pad_token_id: int | None) -> dict[str, torch.Tensor]:
+    from specgraft.data import pad_collate
+
+    # Cached-feature rows carry their features too; accuracy is measured from the target itself.
+    return pad_collate([{k: v for k, v in f.items() if k != "features"} for f in features],
+                       0 if pad_token_id is None else pad_token_id)
 
 
 class _TrainStep(torch.nn.Module):

@@ -79,6 +79,8 @@ def test_train_cli_end_to_end(tiny_run, capsys):
     head = load_head(target, out / "head")
     meta = json.loads((out / "head" / "head_config.json").read_text())
     assert meta["training"]["steps"] == 12
+    # The Medusa heads' per-position top-k accuracy was measured for the static tree, and reported.
+    assert len(meta["config"]["topk_accuracy"]) == 2 and len(summary["medusa_top1_accuracy"]) == 2
     initial = tiny_model("llama").lm_head.weight
     assert not torch.equal(head.state_dict()[next(k for k in head.state_dict() if "lm_head" in k)], initial)
 
