@@ -165,10 +165,17 @@ class Target:
         return getattr(self.text_config, "max_position_embeddings", None)
 
     def default_eagle3_layers(self) -> tuple[int, int, int]:
-        """EAGLE-3's default fused layers ``(2, N//2, N-3)`` in output_hidden_states indices, clamped into
-        ``0..N`` for targets with fewer than 5 layers."""
+        """EAGLE-3's default fused layers ``(2, N//2, N-3)`` in output_hidden_states indices.
+
+        For shallow targets where that formula repeats a layer (N <= 6, e.g. (2, 2, 2) for N = 5) three distinct
+        layers spread over the stack are used instead: fusing one layer three times wastes the head's input.
+        """
         n = self.num_layers
-        return tuple(min(max(i, 0), n) for i in (2, n // 2, n - 3))
+        layers = tuple(min(max(i, 0), n) for i in (2, n // 2, n - 3))
+        if len(set(layers)) == 3:
+            return layers
+        candidates = list(range(1, n)) if n - 1 >= 3 else list(range(0, n + 1))
+        return tuple(candidates[round(i * (len(candidates) - 1) / 2)] for i in range(3))
 
     def check_layer_indices(self, layers: Sequence[int], what: str = "layer index") -> None:
         """Raise if any index is outside ``[0, N]`` (output_hidden_states convention)."""

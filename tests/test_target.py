@@ -47,7 +47,7 @@ def test_identity_records_target_and_default_eagle3_layers(tiny_arch):
     assert (ident.hidden_size, ident.vocab_size, ident.num_hidden_layers) == (64, 320, 6)
     assert ident.architecture == type(target.model).__name__
     assert ident.tokenizer_fingerprint == tokenizer_fingerprint(tok) and len(ident.tokenizer_fingerprint) == 16
-    assert target.default_eagle3_layers() == (2, 3, 3)
+    assert target.default_eagle3_layers() == (1, 3, 5)  # (2, 3, 3) repeats a layer: spread instead
     assert TargetIdentity.from_dict(ident.to_dict()) == ident
 
 

@@ -128,9 +128,9 @@ class Eagle3Head(EagleHeadBase):
         layers = head_cfg.feature_layers
         if layers is None:
             layers = list(target.default_eagle3_layers())
-            if target.num_layers < 5:
-                logger.warning("target %s has only %d layers; EAGLE-3 fuses layers %s (the default (2, N//2, N-3) "
-                               "clamped to 0..N)", target.name_or_path, target.num_layers, layers)
+            if target.num_layers <= 6:
+                logger.warning("target %s has only %d layers, where (2, N//2, N-3) would repeat a layer; EAGLE-3 "
+                               "fuses layers %s instead", target.name_or_path, target.num_layers, layers)
         layers = [int(i) for i in layers]
         target.check_layer_indices(layers, what="head.feature_layers index")
         vocab = head_cfg.draft_vocab_size

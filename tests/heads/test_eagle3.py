@@ -131,7 +131,7 @@ def test_parameter_names_and_shapes_follow_the_serving_layout(tiny_llama):
     assert state["lm_head.weight"].shape == (100, h)
     assert state["d2t"].dtype == torch.int64 and state["d2t"].shape == (100,)
     assert state["t2d"].dtype == torch.bool and state["t2d"].shape == (target.vocab_size,)
-    assert head.required_layers() == (2, 1)  # (2, N//2, N-3) for N = 4, duplicates collapsed
+    assert head.required_layers() == (1, 2, 3)  # N = 4: (2, N//2, N-3) would repeat a layer, so spread
     assert type(head).needs_target_logits
 
 
@@ -191,8 +191,11 @@ def test_default_feature_layers():
         return Target(tiny_model("llama", num_hidden_layers=n)).default_eagle3_layers()
 
     assert layers(32) == (2, 16, 29)
-    assert layers(4) == (2, 2, 1)
-    assert layers(2) == (2, 1, 0)  # too shallow for (2, N//2, N-3): clamped into 0..N
+    assert layers(8) == (2, 4, 5)
+    # Shallow targets where (2, N//2, N-3) repeats a layer get three distinct layers spread over the stack.
+    assert layers(5) == (1, 3, 4)
+    assert layers(4) == (1, 2, 3)
+    assert layers(2) == (2, 1, 0)  # clamped into 0..N and already distinct
 
 
 def test_bad_inputs(tiny_llama):
