@@ -43,6 +43,7 @@ def test_two_processes_match_one_process(tiny_run, tmp_path):  # noqa: F811
     b = load_file(str(tmp_path / "two" / "head" / "head.safetensors"))
     assert a.keys() == b.keys()
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    print(f"max |1-process - 2-process| head weight difference: {worst:.3g}")
     assert worst <= TOLERANCE, f"1-process and 2-process heads differ by {worst}"
     # Training did move the weights, so the comparison is meaningful.
     assert any(not torch.equal(a[k], torch.zeros_like(a[k])) for k in a if "blocks" in k or "layers" in k)
