@@ -1,0 +1,141 @@
+"""The committed default target: loads offline, is genuinely trained, and its training report is honest."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specgraft.defaults.corpus import DOMAINS, demo_prompts, generate_corpus
+from specgraft.defaults.target import (
+    corpus_digest,
+    default_corpus_dataset,
+    default_target_path,
+    default_training_report,
+    load_default_target,
+)
+
+#: The issue's budget for a committed model file.
+MAX_MODEL_BYTES = 4 * 1024 * 1024
+#: Held-out perplexity ceilings per domain (an untrained model scores ~1000 everywhere; the committed build is
+#: well below these, see training_report.json).
+#: Python source is the hardest domain for this 0.9M-parameter model.
+PPL_CEILING = {"code": 14.0, "arithmetic": 2.2, "records": 2.2, "prose": 8.0}
+#: A re-measurement of the same documents may differ from the report only by float noise (another CPU or BLAS).
+RECHECK_RTOL = 0.01
+#: When the documents differ (the code domain under another Python minor version), only the order of magnitude.
+RECHECK_LOOSE_FACTOR = 1.5
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    path = default_target_path()
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def report():
+    return default_training_report()
+
+
+def _greedy(model, tokenizer, prompt: str, new_tokens: int) -> str:
+    ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             do_sample=False)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def _perplexity(model, tokenizer, docs: list[str], max_length: int) -> float:
+    """Reference: mean token NLL of ``<s> doc </s>`` from the model's own shifted loss, weighted by token count."""
+    nll, count = 0.0, 0
+    for doc in docs:
+        ids = (tokenizer(doc)["input_ids"] + [tokenizer.eos_token_id])[:max_length]
+        with torch.no_grad():
+            loss = model(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss.item()
+        nll += loss * (len(ids) - 1)
+        count += len(ids) - 1
+    return math.exp(nll / count)
+
+
+def test_committed_folder_is_a_small_offline_llama(model_and_tokenizer, report):
+    model, tokenizer = model_and_tokenizer
+    path = default_target_path()
+    size = (path / "model.safetensors").stat().st_size
+    assert size <= MAX_MODEL_BYTES and size == report["model_bytes"]
+    assert model.config.model_type == "llama" and type(model).__name__ == "LlamaForCausalLM"
+    assert model.config.vocab_size == len(tokenizer) == report["config"]["vocab_size"]
+    assert sum(p.numel() for p in model.parameters()) == report["parameters"]
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (1, 2, 0)
+    assert tokenizer.convert_ids_to_tokens([0, 1, 2, 3]) == ["<pad>", "<s>", "</s>", "<unk>"]
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+    assert getattr(tokenizer, "chat_template", None) is None  # trained on raw documents, prompts go in as is
+
+
+def test_load_default_target_gives_a_frozen_target(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    target = load_default_target()
+    assert target.identity.architecture == "LlamaForCausalLM"
+    assert target.identity.num_hidden_layers == model.config.num_hidden_layers
+    assert not any(p.requires_grad for p in target.model.parameters())
+    ids = torch.tensor([tokenizer("12 + 30 = ")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(target.model(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_tokenizer_round_trips_corpus_text(model_and_tokenizer, domain):
+    _, tokenizer = model_and_tokenizer
+    for doc in generate_corpus(domain, 20, 7, split="heldout"):
+        ids = tokenizer(doc)["input_ids"]
+        assert ids[0] == tokenizer.bos_token_id and tokenizer.unk_token_id not in ids
+        assert tokenizer.decode(ids, skip_special_tokens=True) == doc
+    # Digits are one token each (what makes sums learnable).
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer("1234 + 56 = 1290", add_special_tokens=False)["input_ids"])
+    assert [p for p in pieces if p.strip("Ġ").isdigit()] == list("1234561290")
+
+
+def test_report_perplexities_are_low_and_ordered(report):
+    ppl = report["heldout"]["perplexity"]
+    assert set(ppl) == set(DOMAINS)
+    for domain, ceiling in PPL_CEILING.items():
+        assert 1.0 < ppl[domain] < ceiling, (domain, ppl[domain])
+    # Structured domains are the most predictable; templated prose is less predictable than both.
+    assert ppl["prose"] > max(ppl["arithmetic"], ppl["records"])
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_report_perplexity_is_reproduced(model_and_tokenizer, report, domain):
+    """Re-measure the report's check documents from scratch: the report is the model's, not made up."""
+    model, tokenizer = model_and_tokenizer
+    spec = report["heldout"]
+    docs = generate_corpus(domain, spec["check_docs_per_domain"], spec["seed"], split=spec["split"])
+    measured = _perplexity(model, tokenizer, docs, spec["max_length"])
+    if corpus_digest(docs) == spec["check_docs_sha256"][domain]:
+        assert measured == pytest.approx(spec["check_perplexity"][domain], rel=RECHECK_RTOL)
+    else:  # another Python's stdlib gives other code chunks: same distribution, so the same ballpark
+        full = spec["perplexity"][domain]
+        assert full / RECHECK_LOOSE_FACTOR < measured < full * RECHECK_LOOSE_FACTOR
+    # The check subset is representative of the full held-out set the headline number comes from.
+    assert spec["check_perplexity"][domain] < spec["perplexity"][domain] * RECHECK_LOOSE_FACTOR
+
+
+@pytest.mark.parametrize(("prompt", "answer"), [("12 + 30 = ", "42"), ("25 + 63 = ", "88"), ("41 + 7 = ", "48")])
+def test_greedy_sums_are_right(model_and_tokenizer, prompt, answer):
+    model, tokenizer = model_and_tokenizer
+    assert _greedy(model, tokenizer, prompt, 3).split("\n")[0] == answer
+
+
+def test_default_corpus_dataset_is_disjoint_from_the_demo_prompts():
+    ds = default_corpus_dataset("train", n_docs=5, seed=1)
+    assert ds.column_names == ["text", "domain"] and len(ds) == 5 * len(DOMAINS)
+    assert sorted(set(ds["domain"])) == sorted(DOMAINS)
+    assert default_corpus_dataset("train", n_docs=5, seed=1)["text"] == ds["text"]
+    heldout = default_corpus_dataset("heldout", n_docs=5, seed=1)
+    assert not set(heldout["text"]) & set(ds["text"])
+    prompts = [p["turns"][0] for p in demo_prompts(3, seed=0)]
+    assert not any(doc.startswith(p) for doc in [*ds["text"], *heldout["text"]] for p in prompts)
