@@ -47,8 +47,9 @@ QUICK = DemoBudget(docs_per_domain=20, max_length=128, micro_batch_size=4, medus
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/demo", help="Output folder (default: runs/demo).")
     parser.add_argument("--quick", action="store_true", help="A tiny run (seconds): checks the wiring, not quality.")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: all cores; 1 is faster on a busy machine).")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: the demo's models are too small to gain from more, and extra "
+                             "threads stall when other processes share the cores).")
     parser.add_argument("--overwrite", action="store_true", help="Replace an existing demo output folder.")
     parser.add_argument("--skip", nargs="*", default=[], choices=["medusa", "eagle3", "distill", "export"],
                         help="Parts to leave out.")
