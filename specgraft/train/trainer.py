@@ -375,7 +375,9 @@ class RecipeTrainer:
         bar = tqdm(total=tr.max_steps, initial=self.step, desc=self.label, unit="step",
                    disable=not (self.show_progress and acc.is_local_main_process), dynamic_ncols=True)
         window: dict[str, list[float]] = {}
-        window_tokens, window_start = 0, time.perf_counter()
+        # step_tokens: this process's tokens in the current optimizer step; log_tokens: all processes' tokens since
+        # the last log line (for the logged throughput).
+        step_tokens, log_tokens, window_start = 0, 0, time.perf_counter()
         start_tokens, start_time = self.tokens_seen, time.perf_counter()
         last_good = None
         steady_start, steady_tokens = None, 0
@@ -405,14 +407,16 @@ class RecipeTrainer:
                     self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
             n_tokens = int(batch["attention_mask"].sum())
-            window_tokens += n_tokens
+            step_tokens += n_tokens
             window.setdefault("loss", []).append(loss.detach())
             for key, value in result.metrics.items():
                 window.setdefault(key, []).append(value.detach())
             if not acc.sync_gradients:
                 continue
             self.step += 1
-            self.tokens_seen += int(acc.reduce(torch.tensor(window_tokens, device=acc.device), "sum"))
+            all_tokens = int(acc.reduce(torch.tensor(step_tokens, device=acc.device), "sum"))
+            self.tokens_seen += all_tokens
+            log_tokens += all_tokens
             if steady_start is None:  # throughput after the first (warm-up) step
                 steady_start, steady_tokens = time.perf_counter(), self.tokens_seen
             bar.update(1)
@@ -420,11 +424,11 @@ class RecipeTrainer:
                 logs = {k: float(acc.reduce(torch.stack(v).float().mean(), "mean")) for k, v in window.items()}
                 elapsed = time.perf_counter() - window_start
                 logs["lr"] = self.scheduler.get_last_lr()[0]
-                logs["tokens_per_s"] = window_tokens * acc.num_processes / max(elapsed, 1e-9)
+                logs["tokens_per_s"] = log_tokens / max(elapsed, 1e-9)
                 acc.log(logs, step=self.step)
                 bar.set_postfix(loss=f"{logs['loss']:.3f}", tok_s=f"{logs['tokens_per_s']:.0f}")
-                window, window_start = {}, time.perf_counter()
-            window_tokens = 0
+                window, window_start, log_tokens = {}, time.perf_counter(), 0
+            step_tokens = 0
             self.on_optimizer_step()
             if self.step % tr.checkpoint_every == 0 or self.step == tr.max_steps:
                 last_good = self.save_checkpoint() or last_good
