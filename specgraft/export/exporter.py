@@ -41,7 +41,7 @@ from specgraft.heads.base import (
     read_head_config,
 )
 from specgraft.target import Target, TargetIdentity
-from specgraft.utils.io import atomic_path
+from specgraft.utils.io import atomic_path, read_json_meta
 
 logger = logging.getLogger(__name__)
 
@@ -372,14 +372,7 @@ def read_export_meta(path: str | Path) -> dict[str, Any]:
     if not file.is_file():
         raise SpecgraftError(f"{path} has no {EXPORT_META_NAME}, so it is not a specgraft export; pass a folder "
                              "written by `specgraft export`")
-    try:
-        meta = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecgraftError(f"{file} is not valid JSON ({exc}); re-export the head") from None
-    for key in ("format", "head_type", "head"):
-        if key not in meta:
-            raise SpecgraftError(f"{file} lacks {key!r}; re-export the head")
-    return meta
+    return read_json_meta(file, ("format", "head_type", "head"), "re-export the head")
 
 
 def load_export(path: str | Path, target: Target) -> DraftHead:

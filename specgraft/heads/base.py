@@ -26,7 +26,7 @@ from torch import nn
 
 from specgraft.errors import SpecgraftError
 from specgraft.target import Target, TargetIdentity, TargetOutput
-from specgraft.utils.io import atomic_path
+from specgraft.utils.io import atomic_path, read_json_meta
 
 HEAD_CONFIG_NAME = "head_config.json"
 HEAD_WEIGHTS_NAME = "head.safetensors"
@@ -171,14 +171,8 @@ def read_head_config(path: str | Path) -> dict[str, Any]:
     if not cfg_file.is_file():
         raise SpecgraftError(f"{path} has no {HEAD_CONFIG_NAME}, so it is not a specgraft head folder; "
                              "pass the output folder of `specgraft train` or an exported `native` folder")
-    try:
-        meta = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecgraftError(f"{cfg_file} is not valid JSON ({exc}); the head folder is corrupt, re-save it") from None
-    for key in ("head_type", "config", "target"):
-        if key not in meta:
-            raise SpecgraftError(f"{cfg_file} lacks {key!r}; the head folder is corrupt or from another tool")
-    return meta
+    return read_json_meta(cfg_file, ("head_type", "config", "target"),
+                          "the head folder is corrupt or from another tool, re-save it")
 
 
 def load_head(target: Target, path: str | Path) -> DraftHead:

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from specgraft.errors import SpecgraftError
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
@@ -56,3 +58,17 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:
     """Write ``obj`` as JSON to ``path`` atomically."""
     atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False, default=str) + "\n")
+
+
+def read_json_meta(file: Path, required: tuple[str, ...], fix: str) -> dict[str, Any]:
+    """Read a metadata JSON file that must hold ``required`` keys; one-line errors end with ``fix``."""
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecgraftError(f"{file} is not valid JSON ({exc}); {fix}") from None
+    if not isinstance(meta, dict):
+        raise SpecgraftError(f"{file} is not a JSON object; {fix}")
+    for key in required:
+        if key not in meta:
+            raise SpecgraftError(f"{file} lacks {key!r}; {fix}")
+    return meta
