@@ -56,3 +56,27 @@ def test_two_processes_match_one_process(tiny_run, tmp_path, head):  # noqa: F81
 
     summary = json.loads((tmp_path / "two" / "train_summary.json").read_text())
     assert summary["num_processes"] == 2
+
+
+@pytest.mark.slow
+def test_distillation_two_processes_match_one_process(tiny_run, tmp_path):  # noqa: F811
+    _, write_recipe = tiny_run
+    training = {"max_steps": 4, "checkpoint_every": 100, "log_every": 1}
+    distill = {"keep_every_k_layers": 2, "loss": "fkl", "alpha_eval_every": 100}
+    one = write_recipe("d1.yaml", training={**training, "micro_batch_size": 4}, distill=distill,
+                       output={"dir": str(tmp_path / "d1")})
+    two = write_recipe("d2.yaml", training={**training, "micro_batch_size": 2}, distill=distill,
+                       output={"dir": str(tmp_path / "d2")})
+    run = subprocess.run([sys.executable, "-m", "specgraft.distill", str(one), "--no-progress"],
+                         capture_output=True, text=True, env=_env(), timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    torchrun = Path(sys.executable).parent / "torchrun"
+    run = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29562", "-m", "specgraft.distill",
+                          str(two), "--no-progress"], capture_output=True, text=True, env=_env(), timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    a = load_file(str(tmp_path / "d1" / "draft" / "model.safetensors"))
+    b = load_file(str(tmp_path / "d2" / "draft" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    print(f"distill: max |1-process - 2-process| student weight difference: {worst:.3g}")
+    assert worst <= TOLERANCE, f"1-process and 2-process students differ by {worst}"
