@@ -129,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     if state.is_main_process:
         print(stats.summary())
         print(f"wrote {args.out}")
+    # Tear gloo/NCCL down before interpreter exit: leftover communicator threads can abort the process.
+    state.destroy_process_group()
     return 0
 
 
