@@ -114,3 +114,13 @@ def test_bad_arguments_raise_one_line_errors():
     with pytest.raises(SpecgraftError, match="unknown corpus split"):
         generate_corpus("code", 1, 0, split="test")
     assert generate_corpus("prose", 0, 0) == []
+
+
+def test_sums_are_two_digit_and_mostly_carry_free():
+    """The shape that makes sums learnable: two-digit operands, units that mostly do not carry."""
+    pairs = [(int(m[1]), int(m[2])) for doc in generate_corpus("arithmetic", 200, 0)
+             for line in doc.splitlines() if (m := SUM_LINE.match(line)) and int(m[1]) < 100]
+    assert len(pairs) > 500
+    assert all(corpus.SUM_MIN <= a <= corpus.SUM_MAX and corpus.SUM_MIN <= b <= corpus.SUM_MAX for a, b in pairs)
+    carry_share = sum(a % 10 + b % 10 >= 10 for a, b in pairs) / len(pairs)
+    assert 0.02 < carry_share < corpus.CARRY_SHARE
