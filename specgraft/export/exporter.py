@@ -39,6 +39,7 @@ from specgraft.heads.base import (
     head_class,
     load_head,
     read_head_config,
+    read_head_weights,
 )
 from specgraft.target import Target, TargetIdentity
 from specgraft.utils.io import atomic_path, read_json_meta
@@ -139,13 +140,7 @@ def read_head_state(head_dir: Path, meta: dict[str, Any], info: TargetInfo) -> d
     skeleton = cls(config, info.skeleton)
     want = skeleton.state_dict()
     weights = head_dir / HEAD_WEIGHTS_NAME
-    if not weights.is_file():
-        raise SpecgraftError(f"{head_dir} has no {HEAD_WEIGHTS_NAME}; the head folder is incomplete, re-save it")
-    try:
-        state = load_file(str(weights))
-    except Exception as exc:  # safetensors raises its own error types for truncated/corrupt files
-        raise SpecgraftError(f"{weights} is not a readable safetensors file ({type(exc).__name__}); re-save the "
-                             "head") from None
+    state = read_head_weights(head_dir)
     missing = sorted(set(want) - set(state))
     unexpected = sorted(set(state) - set(want))
     if missing:

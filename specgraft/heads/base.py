@@ -175,6 +175,19 @@ def read_head_config(path: str | Path) -> dict[str, Any]:
                           "the head folder is corrupt or from another tool, re-save it")
 
 
+def read_head_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a head folder's ``head.safetensors``, with one-line errors for a missing or broken file."""
+    path = Path(path)
+    weights = path / HEAD_WEIGHTS_NAME
+    if not weights.is_file():
+        raise SpecgraftError(f"{path} has no {HEAD_WEIGHTS_NAME}; the head folder is incomplete, re-save it")
+    try:
+        return load_file(str(weights))
+    except Exception as exc:  # safetensors raises its own error types for truncated/corrupt files
+        raise SpecgraftError(f"{weights} is not a readable safetensors file ({type(exc).__name__}); "
+                             "the file is truncated or corrupt, re-save the head") from None
+
+
 def load_head(target: Target, path: str | Path) -> DraftHead:
     """Rebuild the head saved in ``path`` onto ``target``: registry lookup, identity check, strict weights."""
     path = Path(path)
@@ -193,13 +206,7 @@ def load_head(target: Target, path: str | Path) -> DraftHead:
         config = raw_cfg
     head = cls(config, target)
     weights = path / HEAD_WEIGHTS_NAME
-    if not weights.is_file():
-        raise SpecgraftError(f"{path} has no {HEAD_WEIGHTS_NAME}; the head folder is incomplete, re-save it")
-    try:
-        state = load_file(str(weights))
-    except Exception as exc:  # safetensors raises its own error types for truncated/corrupt files
-        raise SpecgraftError(f"{weights} is not a readable safetensors file ({type(exc).__name__}); "
-                             "the file is truncated or corrupt, re-save the head") from None
+    state = read_head_weights(path)
     expected = head.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
