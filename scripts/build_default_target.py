@@ -80,7 +80,7 @@ class BuildConfig:
     grad_clip: float = 1.0
     #: share of training tokens per domain
     domain_weights: tuple[tuple[str, float], ...] = (
-        ("code", 0.25), ("arithmetic", 0.35), ("records", 0.2), ("prose", 0.2),
+        ("code", 0.15), ("arithmetic", 0.45), ("records", 0.2), ("prose", 0.2),
     )
     log_every: int = 500
     # evaluation

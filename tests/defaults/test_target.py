@@ -27,15 +27,14 @@ BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_default_
 #: The issue's budget for a committed model file.
 MAX_MODEL_BYTES = 4 * 1024 * 1024
 #: Held-out perplexity ceilings per domain (an untrained model scores ~1000 everywhere; the committed build has
-#: code 10.3, arithmetic 1.59, records 2.02, prose 4.28, see training_report.json). Python source is the hardest
-#: domain for this 0.9M-parameter model.
-PPL_CEILING = {"code": 12.0, "arithmetic": 1.8, "records": 2.3, "prose": 5.0}
-#: Greedy exact-match floor on fresh two-digit sums whose units do not carry (the committed build: 91%).
+#: code 1.15, arithmetic 1.58, records 2.02, prose 3.39, see training_report.json).
+PPL_CEILING = {"code": 1.4, "arithmetic": 1.8, "records": 2.3, "prose": 4.0}
+#: Greedy exact-match floor on fresh two-digit sums whose units do not carry (the committed build: 100%).
 NO_CARRY_ACCURACY_FLOOR = 0.75
 NO_CARRY_CHECKS = 40
 #: A re-measurement of the same documents may differ from the report only by float noise (another CPU or BLAS).
 RECHECK_RTOL = 0.01
-#: When the documents differ (the code domain under another Python minor version), only the order of magnitude.
+#: The check documents are a few of the held-out ones: their perplexity is within this factor of the full set's.
 RECHECK_LOOSE_FACTOR = 1.5
 
 
@@ -114,8 +113,13 @@ def test_report_perplexities_are_low_and_ordered(report):
     assert set(ppl) == set(DOMAINS)
     for domain, ceiling in PPL_CEILING.items():
         assert 1.0 < ppl[domain] < ceiling, (domain, ppl[domain])
-    # Structured domains are the most predictable; templated prose is less predictable than both.
+    # As on real models: code the most predictable domain, free prose the least; the same order holds for the
+    # target's confidence in its own greedy output, which is what draft heads must predict.
+    assert ppl["code"] < min(ppl["arithmetic"], ppl["records"])
     assert ppl["prose"] > max(ppl["arithmetic"], ppl["records"])
+    confidence = report["greedy_confidence"]
+    assert confidence["code"] > max(confidence["arithmetic"], confidence["records"])
+    assert confidence["prose"] < min(confidence["arithmetic"], confidence["records"])
 
 
 @pytest.mark.parametrize("domain", DOMAINS)
@@ -125,11 +129,8 @@ def test_report_perplexity_is_reproduced(model_and_tokenizer, report, domain):
     spec = report["heldout"]
     docs = generate_corpus(domain, spec["check_docs_per_domain"], spec["seed"], split=spec["split"])
     measured = _perplexity(model, tokenizer, docs, spec["max_length"])
-    if corpus_digest(docs) == spec["check_docs_sha256"][domain]:
-        assert measured == pytest.approx(spec["check_perplexity"][domain], rel=RECHECK_RTOL)
-    else:  # another Python's stdlib gives other code chunks: same distribution, so the same ballpark
-        full = spec["perplexity"][domain]
-        assert full / RECHECK_LOOSE_FACTOR < measured < full * RECHECK_LOOSE_FACTOR
+    assert corpus_digest(docs) == spec["check_docs_sha256"][domain]  # the corpus is the build's, on any Python
+    assert measured == pytest.approx(spec["check_perplexity"][domain], rel=RECHECK_RTOL)
     # The check subset is representative of the full held-out set the headline number comes from.
     assert spec["check_perplexity"][domain] < spec["perplexity"][domain] * RECHECK_LOOSE_FACTOR
 
@@ -154,9 +155,9 @@ def test_greedy_sums_are_learnt_not_memorised(model_and_tokenizer):
 
 def test_greedy_code_continuations_are_plausible(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
-    # Another attribute assignment in the method body, at the body's indentation.
-    init = _greedy(model, tokenizer, "def __init__(self, name, value):\n    self.name = name", 16)
-    assert re.match(r"\n    self\.\w+ = ", init), init
+    # The next constructor argument is stored the same way: copied from the signature above.
+    prompt = "class User:\n\n    def __init__(self, name, age, active):\n        self.name = name"
+    assert _greedy(model, tokenizer, prompt, 8).startswith("\n        self.age = age")
     # A nested block is indented one level deeper than its `if`.
     nested = _greedy(model, tokenizer, "def check(value):\n    if value is None:", 6)
     assert nested.startswith("\n        "), nested
@@ -187,10 +188,6 @@ def test_default_corpus_dataset_is_disjoint_from_the_demo_prompts():
 
 def test_committed_tokenizer_is_the_build_scripts(report, monkeypatch):
     """Rebuilding the tokenizer with the script and the recorded config gives the committed one (deterministic)."""
-    spec = report["heldout"]
-    code_docs = generate_corpus("code", spec["check_docs_per_domain"], spec["seed"], split=spec["split"])
-    if corpus_digest(code_docs) != spec["check_docs_sha256"]["code"]:
-        pytest.skip("this Python's standard library differs from the build's, so the code corpus does too")
     loader = importlib.util.spec_from_file_location("build_default_target", BUILD_SCRIPT)
     build = importlib.util.module_from_spec(loader)
     monkeypatch.setitem(sys.modules, loader.name, build)  # dataclasses look their module up there
