@@ -1,7 +1,7 @@
 """Build the embedded default target of ``specgraft demo``: tokenizer, trained Llama, and its report.
 
-Deterministic end to end (fixed seeds, one thread, ``torch.use_deterministic_algorithms``): the same Python minor
-version, torch and tokenizers versions give the same files. Steps:
+Deterministic end to end (fixed seeds, one thread, ``torch.use_deterministic_algorithms``): the same torch and
+tokenizers versions give the same files (the corpus is the same on every Python). Steps:
 
 1. generate the procedural corpus (:mod:`specgraft.defaults.corpus`, ``train`` split);
 2. train a byte-level BPE (digits split one per token, so sums are learnable) and wrap it as a
@@ -13,7 +13,7 @@ version, torch and tokenizers versions give the same files. Steps:
 
 Usage::
 
-    python scripts/build_default_target.py                   # rebuild specgraft/defaults/model/ (~11 min, 1 core)
+    python scripts/build_default_target.py                   # rebuild specgraft/defaults/model/ (~10 min, 1 core)
     python scripts/build_default_target.py --out /tmp/t --steps 20   # smoke run
 """
 
