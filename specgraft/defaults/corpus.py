@@ -203,13 +203,14 @@ class _CodeDoc:
         self.fields = [fields[i] for i in sorted(keep)]
         self.cls = "".join(part.capitalize() for part in self.entity.split("_"))
         self.many = self.entity + "s"
-        self.defined: list[str] = []  # functions defined so far (tests only call these)
-
-    def of(self, *kinds: str) -> list[str]:
-        return [name for name, kind in self.fields if kind in kinds]
+        #: (function, "total" or "count", field) of the functions defined so far that tests can check
+        self.testable: list[tuple[str, str, str]] = []
 
     def field(self, *kinds: str) -> str:
-        return _pick(self.rng, tuple(self.of(*kinds)))
+        return _pick(self.rng, tuple(name for name, kind in self.fields if kind in kinds))
+
+    def function(self, name: str, params: str, body: list[str]) -> str:
+        return "\n".join([f"def {name}({params}):", *body])
 
     def literal(self, kind: str) -> str:
         rng = self.rng
@@ -248,7 +249,6 @@ class _CodeDoc:
             args = ", ".join(f"data['{n}']" for n in names)
             lines += ["", "    def to_dict(self):", f"        return {{{pairs}}}", "", "    @classmethod",
                       "    def from_dict(cls, data):", f"        return cls({args})"]
-        self.defined.append(self.cls)
         return "\n".join(lines)
 
     # --- functions over a list of entities --------------------------------------------------------------------
@@ -260,8 +260,8 @@ class _CodeDoc:
             body = [f"    return sum({e}.{f} for {e} in {self.many})"]
         else:
             body = ["    total = 0", f"    for {e} in {self.many}:", f"        total += {e}.{f}", "    return total"]
-        self.defined.append(name)
-        return "\n".join([f"def {name}({self.many}):", *body])
+        self.testable.append((name, "total", f))
+        return self.function(name, self.many, body)
 
     def select(self) -> str:
         f, e = self.field("bool"), self.entity
@@ -273,16 +273,15 @@ class _CodeDoc:
         else:
             body = ["    result = []", f"    for {e} in {self.many}:", f"        if {cond}:",
                     f"            result.append({e})", "    return result"]
-        self.defined.append(name)
-        return "\n".join([f"def {name}({self.many}):", *body])
+        return self.function(name, self.many, body)
 
     def count(self) -> str:
         f, e = self.field("bool"), self.entity
         name = f"count_{f}"
         body = ["    count = 0", f"    for {e} in {self.many}:", f"        if {e}.{f}:", "            count += 1",
                 "    return count"]
-        self.defined.append(name)
-        return "\n".join([f"def {name}({self.many}):", *body])
+        self.testable.append((name, "count", f))
+        return self.function(name, self.many, body)
 
     def find(self) -> str:
         f, e = self.field("str"), self.entity
@@ -290,31 +289,27 @@ class _CodeDoc:
         body = [f"    for {e} in {self.many}:", f"        if {e}.{f} == {f}:", f"            return {e}"]
         body.append("    return None" if self.rng.random() < 0.6 else
                     f"    raise KeyError(f'no {e} with {f} {{{f}!r}}')")
-        self.defined.append(name)
-        return "\n".join([f"def {name}({self.many}, {f}):", *body])
+        return self.function(name, f"{self.many}, {f}", body)
 
     def largest(self) -> str:
         f, e = self.field("int", "float"), self.entity
         name = f"{e}_with_most_{f}"
         body = ["    best = None", f"    for {e} in {self.many}:", f"        if best is None or {e}.{f} > best.{f}:",
                 f"            best = {e}", "    return best"]
-        self.defined.append(name)
-        return "\n".join([f"def {name}({self.many}):", *body])
+        return self.function(name, self.many, body)
 
     def group(self) -> str:
         f, e = self.field("str", "bool"), self.entity
         name = f"group_by_{f}"
         body = ["    groups = {}", f"    for {e} in {self.many}:",
                 f"        groups.setdefault({e}.{f}, []).append({e})", "    return groups"]
-        self.defined.append(name)
-        return "\n".join([f"def {name}({self.many}):", *body])
+        return self.function(name, self.many, body)
 
     def sort(self) -> str:
         f, e = self.field("str", "int", "float"), self.entity
         name = f"sort_by_{f}"
         body = [f"    return sorted({self.many}, key=lambda {e}: {e}.{f}, reverse=reverse)"]
-        self.defined.append(name)
-        return "\n".join([f"def {name}({self.many}, reverse=False):", *body])
+        return self.function(name, f"{self.many}, reverse=False", body)
 
     def check(self) -> str:
         f = self.field("int", "float")
@@ -326,8 +321,7 @@ class _CodeDoc:
                 f"        raise TypeError(f'{f} must be a number, not {{type(value).__name__}}')",
                 "    if value < 0:", f"        raise ValueError(f'{f} must not be negative, got {{value}}')",
                 "    return value"]
-        self.defined.append(name)
-        return "\n".join([f"def {name}(value):", *body])
+        return self.function(name, "value", body)
 
     def parse(self) -> str:
         e, n = self.entity, len(self.fields)
@@ -337,8 +331,7 @@ class _CodeDoc:
         body = ["    parts = line.split(',')", f"    if len(parts) != {n}:",
                 f"        raise ValueError(f'expected {n} fields, got {{len(parts)}}')",
                 f"    return {self.cls}({args})"]
-        self.defined.append(name)
-        return "\n".join([f"def {name}(line):", *body])
+        return self.function(name, "line", body)
 
     def load(self) -> str:
         e = self.entity
@@ -347,15 +340,13 @@ class _CodeDoc:
                 "            line = line.strip()", "            if not line or line.startswith('#'):",
                 "                continue", f"            {self.many}.append(parse_{e}(line))",
                 f"    return {self.many}"]
-        self.defined.append(name)
-        return "\n".join([f"def {name}(path):", *body])
+        return self.function(name, "path", body)
 
     def format(self) -> str:
         e = self.entity
         name = f"format_{e}"
         shown = ", ".join(f"{n}={{{e}.{n}}}" for n, _ in self.fields)
-        self.defined.append(name)
-        return "\n".join([f"def {name}({e}):", f"    return f'{e} {shown}'"])
+        return self.function(name, e, [f"    return f'{e} {shown}'"])
 
     # --- tests of what the document defined ---------------------------------------------------------------------
 
@@ -364,18 +355,16 @@ class _CodeDoc:
         rng, many = self.rng, self.many
         values = [[self.literal(kind) for _, kind in self.fields] for _ in range(rng.randint(2, 3))]
         objects = ", ".join(f"{self.cls}({', '.join(v)})" for v in values)
+        columns = [n for n, _ in self.fields]
         out = []
-        for name in self.defined:
-            column = None
-            if name.startswith("total_"):
-                column = [n for n, _ in self.fields].index(name[len("total_"):])
-                expected = repr(sum(float(v[column]) if "." in v[column] else int(v[column]) for v in values))
-            elif name.startswith("count_"):
-                column = [n for n, _ in self.fields].index(name[len("count_"):])
-                expected = str(sum(v[column] == "True" for v in values))
-            if column is not None:
-                out.append("\n".join([f"def test_{name}():", f"    {many} = [{objects}]",
-                                      f"    assert {name}({many}) == {expected}"]))
+        for name, check, field in self.testable:
+            column = [v[columns.index(field)] for v in values]
+            if check == "total":
+                expected = repr(sum(float(x) if "." in x else int(x) for x in column))
+            else:
+                expected = str(sum(x == "True" for x in column))
+            out.append(self.function(f"test_{name}", "", [f"    {many} = [{objects}]",
+                                                         f"    assert {name}({many}) == {expected}"]))
         return out
 
     def build(self) -> str:
