@@ -25,15 +25,16 @@ import argparse
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from specgraft.defaults.target import load_default_target
-from specgraft.eval.cli import HEAD_DRAFTERS
-from specgraft.eval.prompts import load_prompt_file
+from specgraft.eval.cli import head_drafter_class
+from specgraft.eval.prompts import load_prompts
 from specgraft.eval.report import run_eval
-from specgraft.heads.base import load_head, read_head_config
+from specgraft.heads.base import load_head
 from specgraft.utils.io import atomic_write_json
 
 HEADS = ("medusa", "eagle3")
@@ -52,12 +53,21 @@ class ForwardDelay:
             time.sleep(self.delay_s)
 
 
+@contextmanager
+def delayed(model: torch.nn.Module, delay_s: float):
+    """``model`` with a :class:`ForwardDelay` hooked on (yielded, for its call count) until the block ends."""
+    hook = ForwardDelay(delay_s)
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield hook
+    finally:
+        handle.remove()
+
+
 def make_drafter(target, head_dir: Path):
     """The drafter ``specgraft eval --head`` would build, with its defaults."""
-    import importlib
-
-    module, name = HEAD_DRAFTERS[read_head_config(head_dir)["head_type"]]
-    return getattr(importlib.import_module(module), name)(load_head(target, head_dir), mode="tree")
+    _, drafter_class = head_drafter_class(head_dir)
+    return drafter_class(load_head(target, head_dir), mode="tree")
 
 
 def check_delay_hits_every_target_forward(target, drafter, prompt, max_new_tokens: int) -> None:
@@ -66,13 +76,9 @@ def check_delay_hits_every_target_forward(target, drafter, prompt, max_new_token
     from specgraft.eval.decoder import SpeculativeDecoder
     from specgraft.eval.prompts import render_turn
 
-    hook = ForwardDelay(0.0)
-    handle = target.model.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        _, ids = render_turn(target.tokenizer, prompt.turns, [])
+    _, ids = render_turn(target.tokenizer, prompt.turns, [])
+    with delayed(target.model, 0.0) as hook:
         result = SpeculativeDecoder(target.model, target.tokenizer, drafter=drafter).generate(ids, max_new_tokens)
-    finally:
-        handle.remove()
     if hook.calls != result.num_target_forwards:
         raise RuntimeError(f"the delay hook ran {hook.calls} times for {result.num_target_forwards} target forwards")
 
@@ -96,11 +102,7 @@ def main() -> int:
         return 2
     torch.set_num_threads(args.threads)
     target = load_default_target()
-    prompts = load_prompt_file(prompts_file)
-    by_domain: dict[str, list] = {}
-    for p in prompts:
-        by_domain.setdefault(p.domain, []).append(p)
-    prompts = [p for group in by_domain.values() for p in group[: args.per_domain]]
+    prompts = load_prompts(prompts_file, limit_per_domain=args.per_domain)
 
     rows = []
     print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, greedy, {args.threads} thread(s)")
@@ -109,14 +111,9 @@ def main() -> int:
         drafter = make_drafter(target, head_dir)
         check_delay_hits_every_target_forward(target, drafter, prompts[0], args.max_new_tokens)
         for delay_ms in args.delays_ms:
-            hook = ForwardDelay(delay_ms / 1000)
-            handle = target.model.register_forward_pre_hook(hook, with_kwargs=True)
-            try:
-                with tempfile.TemporaryDirectory() as out:
-                    report = run_eval(target, drafter, prompts, out, max_new_tokens=args.max_new_tokens,
-                                      warmup=1, repeats=1, progress=False)
-            finally:
-                handle.remove()
+            with delayed(target.model, delay_ms / 1000), tempfile.TemporaryDirectory() as out:
+                report = run_eval(target, drafter, prompts, out, max_new_tokens=args.max_new_tokens,
+                                  warmup=1, repeats=1, progress=False)
             overall = report["overall"]
             tau, speedup = overall["tau"], overall["speedup_ratio_of_totals"]
             lossless = bool(overall["lossless_passed"])

@@ -168,20 +168,27 @@ def build_drafter(args: argparse.Namespace, target: Any, dtype: Any, device: str
     return drafter, {"type": "draft_model", "path": str(args.draft), "mode": mode, **info}
 
 
-def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str, Any]]:
+def head_drafter_class(head_dir: str | Path) -> tuple[str, type]:
+    """The head type saved in ``head_dir`` and the drafter class that drafts with it."""
     import importlib
 
-    from specgraft.heads.base import load_head, read_head_config
+    from specgraft.heads.base import read_head_config
+
+    head_type = read_head_config(head_dir)["head_type"]
+    if head_type not in HEAD_DRAFTERS:
+        raise SpecgraftError(f"no drafter for head type {head_type!r}; known: {', '.join(HEAD_DRAFTERS)}")
+    module, name = HEAD_DRAFTERS[head_type]
+    return head_type, getattr(importlib.import_module(module), name)
+
+
+def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str, Any]]:
+    from specgraft.heads.base import load_head
 
     if args.branching is not None:
         raise SpecgraftError("--branching applies to --draft/self trees; for heads use --tree-size (and "
                              "--eagle-top-k for EAGLE)")
-    head_type = read_head_config(args.head)["head_type"]
-    if head_type not in HEAD_DRAFTERS:
-        raise SpecgraftError(f"no drafter for head type {head_type!r}; known: {', '.join(HEAD_DRAFTERS)}")
+    head_type, cls = head_drafter_class(args.head)
     head = load_head(target, args.head)
-    module, name = HEAD_DRAFTERS[head_type]
-    cls = getattr(importlib.import_module(module), name)
     mode = args.mode or "tree"
     info: dict[str, Any] = {"type": head_type, "path": str(args.head), "mode": mode}
     if head_type == "medusa":
