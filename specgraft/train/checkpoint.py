@@ -14,7 +14,6 @@ one is used. Nothing is unpickled: tensors go through safetensors, everything el
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -27,7 +26,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from specgraft.utils.io import atomic_path
+from specgraft.utils.io import atomic_path, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -41,17 +40,9 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:07d}"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def write_manifest(folder: Path) -> None:
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
-    manifest = {str(p.relative_to(folder)): {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in files}
+    manifest = {str(p.relative_to(folder)): {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in files}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
 
 
@@ -68,7 +59,7 @@ def verify_checkpoint(folder: Path) -> str | None:
         path = folder / rel
         if not path.is_file():
             return f"{rel} is missing"
-        if path.stat().st_size != info["bytes"] or _sha256(path) != info["sha256"]:
+        if path.stat().st_size != info["bytes"] or sha256_file(path) != info["sha256"]:
             return f"{rel} does not match its checksum"
     return None
 

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.target import Target, TargetIdentity
-from specgraft.utils.io import atomic_path, atomic_write_json
+from specgraft.utils.io import atomic_path, atomic_write_json, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -69,14 +69,6 @@ def dataset_fingerprint(dataset: Any) -> str:
     for row in dataset:
         digest.update(torch.as_tensor(row["input_ids"]).numpy().tobytes())
     return digest.hexdigest()[:16]
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass
@@ -165,7 +157,7 @@ def build_feature_cache(
         with atomic_path(shard_file) as tmp:
             save_file(tensors, str(tmp))
         atomic_write_json(cache_dir / f"shard-{shard:05d}.json",
-                          {"start": start, "stop": stop, "sha256": _sha256(shard_file),
+                          {"start": start, "stop": stop, "sha256": sha256_file(shard_file),
                            "bytes": shard_file.stat().st_size})
     bar.close()
     shards = [json.loads((cache_dir / f"shard-{s:05d}.json").read_text()) | {"file": f"shard-{s:05d}.safetensors"}
@@ -195,7 +187,7 @@ def _shard_complete(cache_dir: Path, shard: int) -> bool:
     if not (sidecar.is_file() and data.is_file()):
         return False
     info = json.loads(sidecar.read_text(encoding="utf-8"))
-    return data.stat().st_size == info["bytes"] and _sha256(data) == info["sha256"]
+    return data.stat().st_size == info["bytes"] and sha256_file(data) == info["sha256"]
 
 
 class FeatureCache:
@@ -250,7 +242,7 @@ def open_feature_cache(cache_dir: str | Path, target: Target, layers: Sequence[i
         path = cache_dir / shard["file"]
         if not path.is_file():
             raise SpecgraftError(f"feature cache shard {path} is missing; rebuild the cache (delete {cache_dir})")
-        if path.stat().st_size != shard["bytes"] or _sha256(path) != shard["sha256"]:
+        if path.stat().st_size != shard["bytes"] or sha256_file(path) != shard["sha256"]:
             raise SpecgraftError(f"feature cache shard {path} is truncated or corrupted (checksum mismatch); delete "
                                  f"it and rerun to rebuild that shard")
     return FeatureCache(cache_dir, index)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -72,3 +73,12 @@ def read_json_meta(file: Path, required: tuple[str, ...], fix: str) -> dict[str,
         if key not in meta:
             raise SpecgraftError(f"{file} lacks {key!r}; {fix}")
     return meta
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks (checkpoint and feature-cache shards can be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
