@@ -50,7 +50,7 @@ from specgraft.heads.eagle_layers import (
     draft_layer_config,
     register_eagle_attention,
 )
-from specgraft.heads.losses import masked_mean
+from specgraft.heads.losses import decayed_sum, masked_mean
 from specgraft.target import Target, TargetOutput
 
 logger = logging.getLogger(__name__)
@@ -351,7 +351,6 @@ def eagle3_ttt_loss(
     target_probs, in_vocab, _ = _restricted_targets(target_logits, d2t, t2d)
     labels = loss_mask.bool()
     seq_len = labels.shape[1]
-    total = None
     per_step = []
     for s, logits in enumerate(step_logits):
         mask = _step_mask(labels, in_vocab, s)  # [B, T]
@@ -359,8 +358,4 @@ def eagle3_ttt_loss(
         ce = -(probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)  # [B, T]
         step_loss = masked_mean(ce, mask)
         per_step.append(step_loss)
-        term = (decay ** s) * step_loss
-        total = term if total is None else total + term
-    if total is None:
-        raise ValueError("eagle3_ttt_loss needs at least one step")
-    return total, per_step
+    return decayed_sum(per_step, decay, "eagle3_ttt_loss"), per_step

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -32,3 +34,17 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
     top = logits.topk(k, dim=-1).indices  # [..., k]
     hit = (top == labels.unsqueeze(-1)).any(-1).float()
     return masked_mean(hit, mask)
+
+
+def decayed_sum(losses: Sequence[torch.Tensor], decay: float, what: str) -> torch.Tensor:
+    """``sum_k decay**k * losses[k]``, accumulated in order: the per-head (Medusa) and per-step (EAGLE-3) weighting.
+
+    ``what`` names the caller in the error raised for an empty list.
+    """
+    if not losses:
+        raise ValueError(f"{what} needs at least one loss term")
+    total = None
+    for k, loss in enumerate(losses):
+        term = (decay ** k) * loss
+        total = term if total is None else total + term
+    return total

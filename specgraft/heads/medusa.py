@@ -24,6 +24,7 @@ from torch import nn
 
 from specgraft.errors import SpecgraftError
 from specgraft.heads.base import DraftHead, HeadLoss, register_head
+from specgraft.heads.losses import decayed_sum
 from specgraft.target import Target, TargetOutput
 
 
@@ -280,7 +281,6 @@ def medusa_loss(
     real = label_mask(input_ids, None, attention_mask)  # [B, T]
     seq_len = input_ids.shape[1]
     per_head: list[torch.Tensor] = []
-    total = None
     for k, logits in enumerate(head_logits):
         offset = k + 2
         length = max(seq_len - offset, 0)
@@ -289,11 +289,7 @@ def medusa_loss(
         labels = input_ids[:, offset:][:, :length][sel]
         ce = F.cross_entropy(rows.float(), labels, reduction="sum") / max(labels.numel(), 1)
         per_head.append(ce)
-        term = (decay ** k) * ce
-        total = term if total is None else total + term
-    if total is None:
-        raise ValueError("medusa_loss needs at least one head")
-    return total, per_head
+    return decayed_sum(per_head, decay, "medusa_loss"), per_head
 
 
 class _CrossEntropySum(torch.autograd.Function):
