@@ -27,15 +27,6 @@ from specgraft.llama2c import (
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """These models are tiny: intra-op threads only add hand-off cost (10x slower greedy decoding on a busy box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # --- synthetic llama2.c files (no ../shared needed) ----------------------------------------------------------
 
 #: Tiny dims: 4 query heads sharing 2 kv heads (GQA), head size 4 (two RoPE pairs per head).

@@ -18,15 +18,6 @@ NEW = 24  # tokens generated per greedy check
 K = 4
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; on a loaded 2-core machine extra threads mostly spin."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def perturbed(model, scale: float = 0.1, seed: int = 0):
     """A copy of ``model`` with relative Gaussian noise on every weight: a draft that agrees only partly."""
     draft = copy.deepcopy(model)

@@ -16,14 +16,6 @@ pytestmark = pytest.mark.shared
 PROMPTS = ["Once upon a time", "Tom and his dog went to the park. They", "The sun was hot and"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def stories(stories260k_dir):
     model = AutoModelForCausalLM.from_pretrained(stories260k_dir, dtype=torch.float32).eval()

@@ -19,14 +19,6 @@ from specgraft.testing import tiny_model
 HEAD_TYPES = ("eagle", "eagle3")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def build_head(target: Target, head_type: str, **overrides):
     cls = head_class(head_type)
     torch.manual_seed(0)
