@@ -5,7 +5,13 @@ Nothing here downloads anything. Used by the test-suite, the benchmarks and the 
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import torch
+import yaml
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 #: Architectures every component is tested on (transformers ``model_type`` names).
@@ -93,3 +99,24 @@ def tiny_tokenizer(chat_template: bool = True) -> PreTrainedTokenizerFast:
     if chat_template:
         tokenizer.chat_template = TINY_CHAT_TEMPLATE
     return tokenizer
+
+
+#: A small repetitive English corpus tiny targets and heads learn within a few steps (training tests).
+TINY_CORPUS_TEXT = "\n\n".join(
+    f"the cat number {i} sat on the mat and looked at the dog number {i + 1}. " * 3 for i in range(40)
+)
+
+
+def recipe_writer(folder: Path, base: dict[str, dict[str, Any]]) -> Callable[..., Path]:
+    """A function ``write(name="recipe.yaml", **sections)`` that saves ``base`` as YAML in ``folder``, each given
+    section's keys updated (``write(training={"max_steps": 4})``), and returns the file's path."""
+
+    def write(name: str = "recipe.yaml", **sections: dict[str, Any]) -> Path:
+        recipe = copy.deepcopy(base)
+        for section, values in sections.items():
+            recipe.setdefault(section, {}).update(values)
+        path = folder / name
+        path.write_text(yaml.safe_dump(recipe))
+        return path
+
+    return write

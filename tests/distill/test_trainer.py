@@ -22,12 +22,8 @@ from specgraft.distill.output import DRAFT_META
 from specgraft.distill.trainer import DistillStep, DistillTrainer
 from specgraft.heads.losses import masked_cross_entropy
 from specgraft.target import Target
-from specgraft.testing import tiny_model, tiny_tokenizer
+from specgraft.testing import TINY_CORPUS_TEXT, recipe_writer, tiny_model, tiny_tokenizer
 from specgraft.train.checkpoint import list_checkpoints, verify_checkpoint
-
-TEXT = "\n\n".join(
-    f"the cat number {i} sat on the mat and looked at the dog number {i + 1}. " * 3 for i in range(40)
-)
 
 
 @pytest.fixture
@@ -37,30 +33,22 @@ def tiny_run(tmp_path):
     tiny_model("llama", seed=1, initializer_range=0.2).save_pretrained(model_dir)  # peaked outputs
     tiny_tokenizer().save_pretrained(model_dir)
     text = tmp_path / "corpus.txt"
-    text.write_text(TEXT)
+    text.write_text(TINY_CORPUS_TEXT)
     chat = tmp_path / "chat.jsonl"
     chat.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"count to {i}"},
                                                      {"role": "assistant", "content": f"1 2 3 {i}"}]}) + "\n"
                             for i in range(12)))
 
-    def write_recipe(name: str = "recipe.yaml", **sections) -> Path:
-        recipe = {
-            "model": {"name_or_path": str(model_dir)},
-            "data": {"path": str(text), "format": "text", "max_length": 48, "packing": True, "eval_fraction": 0.1,
-                     "cache_dir": str(tmp_path / "cache"), "regenerate_max_new_tokens": 8},
-            "distill": {"keep_every_k_layers": 2, "loss": "fkl", "alpha_eval_every": 4,
-                        "onpolicy_max_new_tokens": 8},
-            "training": {"max_steps": 8, "micro_batch_size": 4, "learning_rate": 3e-3, "warmup_steps": 0,
-                         "lr_scheduler": "constant", "checkpoint_every": 4, "log_every": 2, "seed": 3},
-            "output": {"dir": str(tmp_path / "out")},
-            "tracking": {"backend": "tensorboard"},
-        }
-        for section, values in sections.items():
-            recipe.setdefault(section, {}).update(values)
-        path = tmp_path / name
-        path.write_text(yaml.safe_dump(recipe))
-        return path
-
+    write_recipe = recipe_writer(tmp_path, {
+        "model": {"name_or_path": str(model_dir)},
+        "data": {"path": str(text), "format": "text", "max_length": 48, "packing": True, "eval_fraction": 0.1,
+                 "cache_dir": str(tmp_path / "cache"), "regenerate_max_new_tokens": 8},
+        "distill": {"keep_every_k_layers": 2, "loss": "fkl", "alpha_eval_every": 4, "onpolicy_max_new_tokens": 8},
+        "training": {"max_steps": 8, "micro_batch_size": 4, "learning_rate": 3e-3, "warmup_steps": 0,
+                     "lr_scheduler": "constant", "checkpoint_every": 4, "log_every": 2, "seed": 3},
+        "output": {"dir": str(tmp_path / "out")},
+        "tracking": {"backend": "tensorboard"},
+    })
     return model_dir, write_recipe
 
 

@@ -18,12 +18,8 @@ from safetensors.torch import load_file
 from specgraft.cli import main as cli_main
 from specgraft.heads import load_head
 from specgraft.target import load_target
-from specgraft.testing import tiny_model, tiny_tokenizer
+from specgraft.testing import TINY_CORPUS_TEXT, recipe_writer, tiny_model, tiny_tokenizer
 from specgraft.train.checkpoint import list_checkpoints, verify_checkpoint
-
-TEXT = "\n\n".join(
-    f"the cat number {i} sat on the mat and looked at the dog number {i + 1}. " * 3 for i in range(40)
-)
 
 
 @pytest.fixture
@@ -33,25 +29,18 @@ def tiny_run(tmp_path):
     tiny_model("llama").save_pretrained(model_dir)
     tiny_tokenizer().save_pretrained(model_dir)
     data = tmp_path / "corpus.txt"
-    data.write_text(TEXT)
+    data.write_text(TINY_CORPUS_TEXT)
 
-    def write_recipe(name: str = "recipe.yaml", **sections) -> Path:
-        recipe = {
-            "model": {"name_or_path": str(model_dir)},
-            "data": {"path": str(data), "format": "text", "max_length": 64, "packing": True,
-                     "cache_dir": str(tmp_path / "cache")},
-            "head": {"type": "medusa", "num_heads": 2},
-            "training": {"max_steps": 12, "micro_batch_size": 4, "learning_rate": 1e-2, "warmup_steps": 2,
-                         "checkpoint_every": 4, "log_every": 2, "seed": 3},
-            "output": {"dir": str(tmp_path / "out")},
-            "tracking": {"backend": "tensorboard"},
-        }
-        for section, values in sections.items():
-            recipe.setdefault(section, {}).update(values)
-        path = tmp_path / name
-        path.write_text(yaml.safe_dump(recipe))
-        return path
-
+    write_recipe = recipe_writer(tmp_path, {
+        "model": {"name_or_path": str(model_dir)},
+        "data": {"path": str(data), "format": "text", "max_length": 64, "packing": True,
+                 "cache_dir": str(tmp_path / "cache")},
+        "head": {"type": "medusa", "num_heads": 2},
+        "training": {"max_steps": 12, "micro_batch_size": 4, "learning_rate": 1e-2, "warmup_steps": 2,
+                     "checkpoint_every": 4, "log_every": 2, "seed": 3},
+        "output": {"dir": str(tmp_path / "out")},
+        "tracking": {"backend": "tensorboard"},
+    })
     return model_dir, write_recipe
 
 
