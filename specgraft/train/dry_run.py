@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 FAMILY_HINTS: tuple[tuple[str, str], ...] = (
     ("qwen3", "qwen3"), ("qwen2", "qwen2"), ("qwq", "qwen2"), ("gemma-3", "gemma3_text"), ("gemma3", "gemma3_text"),
     ("gemma-2", "gemma2"), ("gemma2", "gemma2"), ("phi-3", "phi3"), ("phi3", "phi3"), ("phi-4", "phi3"),
-    ("mistral", "mistral"), ("zephyr", "mistral"), ("llama", "llama"), ("vicuna", "llama"), ("stories", "llama"),
+    ("mistral", "mistral"), ("zephyr", "mistral"), ("smollm", "llama"), ("llama", "llama"), ("vicuna", "llama"), ("stories", "llama"),
 )
 
 
