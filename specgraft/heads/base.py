@@ -57,6 +57,7 @@ def head_class(head_type: str) -> type[DraftHead]:
 
 def _import_builtin_heads() -> None:
     import importlib
+    import importlib.util
 
     for module in ("specgraft.heads.medusa", "specgraft.heads.eagle", "specgraft.heads.eagle3"):
         if importlib.util.find_spec(module) is not None:
