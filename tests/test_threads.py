@@ -56,7 +56,7 @@ def _argv(command: str, tmp_path: Path, threads: str) -> list[str]:
             str(tmp_path / "eval"), "--threads", threads]
 
 
-@pytest.mark.parametrize("command", ["train", "distill", "eval"])
+@pytest.mark.parametrize("command", ["train", "distill", "regenerate", "eval"])
 def test_each_command_applies_threads_first(command, tmp_path, monkeypatch, capsys):
     calls: list[int] = []
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
