@@ -47,9 +47,9 @@ EOF
 
 # 3. A second venv with the wheel installed non-editable; dependencies from the CI venv (see the header).
 python -m venv --without-pip "$work/venv"
-deps=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"]); print(sysconfig.get_paths()["platlib"])')
 venv_site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-sort -u <<<"$deps" > "$venv_site/ci-venv-deps.pth"
+# In the CI venv's order (a venv made with --system-site-packages lists the system's after its own).
+python -c 'import site; print("\n".join(site.getsitepackages()))' | awk '!seen[$0]++' > "$venv_site/ci-venv-deps.pth"
 python -m pip --python "$work/venv/bin/python" install --quiet --no-deps --ignore-installed "$wheel"
 
 # 4. The CLI from outside the checkout, with nothing of the checkout on the path.
