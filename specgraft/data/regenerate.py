@@ -4,7 +4,7 @@ For every conversation and every assistant turn in order, the target writes a ne
 far (with its own earlier replies); a conversation ending with a user turn also gets a reply. Training draft heads on
 the target's own replies matches what they will see when serving, which matters a lot for chat targets. With
 ``first_reply_only`` only the first reply is rewritten and the turns after it are dropped: they answered the old
-reply, not the new one (50 ShareGPT conversations hold 214 replies; the first-reply pass writes 50).
+reply, not the new one (one generation per conversation instead of one per assistant turn).
 
 The output is JSON lines ``{"id": <source row>, "messages": [...]}`` in id order, readable as training data
 (``format: messages``). The run is resumable: rows are appended to per-process part files in ``<out>.parts/`` as
@@ -260,7 +260,8 @@ def regenerate(
         "seed": seed if temperature > 0 else None,
         "use_chat_template": use_chat_template,
         "system_prompt": system_prompt,
-        "first_reply_only": first_reply_only,
+        # Recorded only when set, so unfinished runs from before the option existed still resume.
+        **({"first_reply_only": True} if first_reply_only else {}),
         **dict(settings or {}),
     }
     parts.mkdir(parents=True, exist_ok=True)
