@@ -106,6 +106,10 @@ class HeadConfig:
     """eagle3: output_hidden_states indices fused by fc; default (2, N//2, N-3)."""
     draft_vocab_size: int | None = None
     """eagle3: size of the reduced draft vocabulary; default min(32000, target vocab)."""
+    draft_vocab_heldout_every: int = 20
+    """eagle3: every n-th training row (5% by default) is left out of the draft-vocabulary counts, and the reported
+    draft_vocab_coverage is measured on its loss tokens (coverage on the rows the vocabulary was counted from reads
+    high); 0 counts every row and reports only that training coverage."""
     ttt_steps: int = 7
     """eagle3: training-time-test unrolled steps."""
     feature_noise: float = 0.1
@@ -124,6 +128,9 @@ class HeadConfig:
         _check_range(f"{path}.feature_noise", self.feature_noise, 0.0, None)
         if self.draft_vocab_size is not None:
             _check_positive(f"{path}.draft_vocab_size", self.draft_vocab_size)
+        if self.draft_vocab_heldout_every < 0 or self.draft_vocab_heldout_every == 1:
+            raise ConfigError(f"{path}.draft_vocab_heldout_every is {self.draft_vocab_heldout_every}; use 0 (no "
+                              "hold-out) or 2 or more (every n-th row held out)")
 
 
 @dataclass

@@ -2,7 +2,9 @@
 
 For every conversation and every assistant turn in order, the target writes a new reply given the conversation so
 far (with its own earlier replies); a conversation ending with a user turn also gets a reply. Training draft heads on
-the target's own replies matches what they will see when serving, which matters a lot for chat targets.
+the target's own replies matches what they will see when serving, which matters a lot for chat targets. With
+``first_reply_only`` only the first reply is rewritten and the turns after it are dropped: they answered the old
+reply, not the new one (one generation per conversation instead of one per assistant turn).
 
 The output is JSON lines ``{"id": <source row>, "messages": [...]}`` in id order, readable as training data
 (``format: messages``). The run is resumable: rows are appended to per-process part files in ``<out>.parts/`` as
@@ -28,6 +30,7 @@ from typing import Any
 from specgraft.data.tokenize import prompt_ids, stop_token_ids, tokenizer_key, with_system_prompt
 from specgraft.errors import SpecgraftError
 from specgraft.utils.io import atomic_path, atomic_write_json
+from specgraft.utils.threads import add_threads_argument, set_torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -92,12 +95,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system-prompt", default=None, help="Prepended as a system turn where none exists.")
     parser.add_argument("--no-chat-template", action="store_true",
                         help="Use plain User:/Assistant: lines even if the tokenizer has a chat template.")
+    parser.add_argument("--first-reply-only", action="store_true",
+                        help="Rewrite only each conversation's first assistant reply and drop the turns after it "
+                             "(they answered the old reply); one generation per conversation instead of one per turn.")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="Hide the progress bar (per-batch timings still show with `specgraft -v`).")
+    add_threads_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """``specgraft regenerate``: load the target and the data, regenerate, report throughput."""
     from specgraft.data.readers import is_conversations, load_records, subsample
 
+    set_torch_threads(args.threads)
     for name in ("batch_size", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise SpecgraftError(f"--{name.replace('_', '-')} is {getattr(args, name)}; use a positive number")
@@ -124,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         use_chat_template=not args.no_chat_template,
         system_prompt=args.system_prompt,
+        first_reply_only=args.first_reply_only,
+        show_progress=not args.no_progress,
         settings={"data": str(Path(args.data).resolve()), "format": args.format, "num_samples": args.num_samples},
     )
     if state.is_main_process:
@@ -192,6 +204,7 @@ def regenerate(
     seed: int = 0,
     use_chat_template: bool = True,
     system_prompt: str | None = None,
+    first_reply_only: bool = False,
     show_progress: bool = True,
     settings: Mapping[str, Any] | None = None,
 ) -> RegenerateStats:
@@ -212,7 +225,9 @@ def regenerate(
         seed: sampling seed (each batch and turn derives its own, so a run with the same layout repeats exactly).
         use_chat_template: render prompts with the tokenizer's chat template when it has one.
         system_prompt: prepended as a system turn where none exists (and written into the output).
-        show_progress: tqdm progress bar on the main process.
+        first_reply_only: rewrite only the first reply of each conversation and drop the messages after it.
+        show_progress: tqdm progress bar on the main process (its postfix shows the last batch's size, seconds
+            and tokens/s; the same goes to the DEBUG log line of every batch).
         settings: extra identity of the run (e.g. the data path); a resume with other settings is refused.
 
     Returns:
@@ -245,6 +260,8 @@ def regenerate(
         "seed": seed if temperature > 0 else None,
         "use_chat_template": use_chat_template,
         "system_prompt": system_prompt,
+        # Recorded only when set, so unfinished runs from before the option existed still resume.
+        **({"first_reply_only": True} if first_reply_only else {}),
         **dict(settings or {}),
     }
     parts.mkdir(parents=True, exist_ok=True)
@@ -267,12 +284,19 @@ def regenerate(
     with open(own, "a", encoding="utf-8") as fh:
         for window in _chunks(mine, batch_size * WINDOW_BATCHES):
             convs = {i: with_system_prompt(source.messages(i), system_prompt) for i in window}
+            if first_reply_only:
+                convs = {i: _through_first_reply(c) for i, c in convs.items()}
             # Longest first: similar lengths share a batch, and an out-of-memory shows up at once.
             ordered = sorted(window, key=lambda i: -sum(len(m["content"]) for m in convs[i]))
             for batch_ids in _chunks(ordered, batch_size):
                 batch_seed = _derive_seed(seed, batch_ids[0])
+                tokens_before, replies_before, batch_started = local.new_tokens, local.replies, time.perf_counter()
                 with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                     results = gen.conversations([convs[i] for i in batch_ids], batch_seed, local)
+                batch = _BatchTiming(len(batch_ids), local.replies - replies_before, local.new_tokens - tokens_before,
+                                     time.perf_counter() - batch_started)
+                logger.debug("%s", batch.describe())
+                bar.set_postfix_str(batch.postfix(), refresh=False)
                 lines = [json.dumps({"id": i, "messages": msgs}, ensure_ascii=False) + "\n"
                          for i, msgs in zip(batch_ids, results)]
                 fh.write("".join(lines))
@@ -294,6 +318,27 @@ def regenerate(
         logger.info("%s", total.summary())
     state.wait_for_everyone()
     return total
+
+
+@dataclass(frozen=True)
+class _BatchTiming:
+    """What one batch of conversations took (the progress bar's postfix and the per-batch log line)."""
+
+    conversations: int
+    replies: int
+    new_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def describe(self) -> str:
+        return (f"batch of {self.conversations} conversations: {self.replies} replies, {self.new_tokens} new tokens "
+                f"in {self.seconds:.2f}s ({self.tokens_per_s:.1f} tokens/s)")
+
+    def postfix(self) -> str:
+        return f"last batch {self.conversations} conv, {self.seconds:.1f}s, {self.tokens_per_s:.0f} tok/s"
 
 
 def model_key(model: Any) -> str:
@@ -423,6 +468,12 @@ def _reply_slots(messages: Sequence[Mapping[str, str]]) -> list[int]:
     if messages and messages[-1]["role"] == "user":
         slots.append(len(messages))
     return slots
+
+
+def _through_first_reply(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The conversation up to its first reply slot: later turns followed from the reply being replaced."""
+    slots = _reply_slots(messages)
+    return messages[: slots[0] + 1] if slots else messages
 
 
 def _cut(messages: list[dict[str, str]], slot: int) -> list[dict[str, str]]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError, TargetMismatchError
+from specgraft.utils.threads import add_threads_argument, set_torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                         help="model dtype (default: float32 on CPU, bfloat16 on GPU)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice; 1 suits tiny models)")
+    add_threads_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -221,9 +222,7 @@ def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str,
 def _device_and_dtype(args: argparse.Namespace) -> tuple[str, str]:
     import torch
 
-    if args.threads is not None:
-        _check_positive("--threads", args.threads)
-        torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
     return device, dtype

@@ -180,7 +180,11 @@ def _training(meta: Mapping[str, Any], recipe: Mapping[str, Any] | None) -> list
     if summary:
         rows += [("steps done", summary.get("steps")), ("tokens seen", summary.get("tokens_seen"))]
         if "draft_vocab_coverage" in summary:
-            rows.append(("draft-vocab coverage", f"{100 * float(summary['draft_vocab_coverage']):.1f}%"))
+            rows.append(("draft-vocab coverage (held-out rows)",
+                         f"{100 * float(summary['draft_vocab_coverage']):.1f}%"))
+        if "draft_vocab_train_coverage" in summary:
+            rows.append(("draft-vocab coverage (rows it was counted from)",
+                         f"{100 * float(summary['draft_vocab_train_coverage']):.1f}%"))
     lines += ["| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows if v is not None], ""]
     return lines
 

@@ -57,6 +57,7 @@ def head_class(head_type: str) -> type[DraftHead]:
 
 def _import_builtin_heads() -> None:
     import importlib
+    import importlib.util
 
     for module in ("specgraft.heads.medusa", "specgraft.heads.eagle", "specgraft.heads.eagle3"):
         if importlib.util.find_spec(module) is not None:
@@ -114,10 +115,12 @@ class DraftHead(nn.Module):
         """output_hidden_states indices of the target that training and drafting need."""
         raise NotImplementedError
 
-    def prepare_from_data(self, token_counts: torch.Tensor | None) -> dict[str, Any]:
+    def prepare_from_data(self, token_counts: torch.Tensor | None,
+                          heldout_counts: torch.Tensor | None = None) -> dict[str, Any]:
         """Called once by the trainer before training with the counts [V] of loss (assistant) tokens in the
-        training data. Heads that derive state from data (EAGLE-3's draft vocabulary) set it here and return
-        facts worth logging (e.g. draft-vocab coverage). Default: nothing."""
+        training data, and those of the rows held out of them (None when none are). Heads that derive state from
+        data (EAGLE-3's draft vocabulary) set it here from ``token_counts`` and return facts worth logging (e.g.
+        draft-vocab coverage, measured on ``heldout_counts``). Default: nothing."""
         return {}
 
     def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput) -> HeadLoss:

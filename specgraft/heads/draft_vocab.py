@@ -6,6 +6,11 @@ Conventions (as the serving engines read them):
   ascending order, so ``d2t`` is non-negative and non-decreasing. When the draft vocabulary is the whole target
   vocabulary ``d2t`` is all zeros -- that is the identity map, not an unset buffer.
 * ``t2d`` bool [V]: which target ids are in the draft vocabulary.
+
+Coverage (the fraction of target tokens a draft can propose at all) is reported on held-out rows: measured on the
+labels the vocabulary was counted from it reads high (98.2% on SmolLM2's training labels vs 95.9-96.7% measured on
+its own answers), so every ``heldout_every``-th training row (:func:`heldout_rows`) is left out of the counts and
+the coverage is measured on its loss tokens instead.
 """
 
 from __future__ import annotations
@@ -58,9 +63,35 @@ def build_draft_vocab(token_counts: torch.Tensor, draft_vocab_size: int) -> tupl
     d2t = chosen - torch.arange(chosen.numel(), dtype=torch.int64)
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[chosen] = True
-    total = float(counts.double().sum())
-    coverage = float(counts.double()[chosen].sum()) / total if total > 0 else 0.0
-    return d2t, t2d, coverage
+    return d2t, t2d, vocab_coverage(t2d, counts)
+
+
+def vocab_coverage(t2d: torch.Tensor, token_counts: torch.Tensor) -> float:
+    """The fraction of the counted tokens (counts [V]) that lie in the draft vocabulary (t2d bool [V]); 0.0 when
+    nothing was counted."""
+    counts = torch.as_tensor(token_counts).detach().cpu().double()
+    mask = torch.as_tensor(t2d).detach().cpu().bool()
+    if counts.shape != mask.shape:
+        raise SpecgraftError(f"token counts have shape {tuple(counts.shape)} but t2d has {tuple(mask.shape)}; count "
+                             "tokens with the target's tokenizer")
+    total = float(counts.sum())
+    return float(counts[mask].sum()) / total if total > 0 else 0.0
+
+
+def heldout_rows(num_rows: int, heldout_every: int) -> tuple[list[int], list[int]]:
+    """Split row indices into (rows to count the vocabulary from, held-out rows to measure coverage on).
+
+    Every ``heldout_every``-th row is held out (rows ``every-1, 2*every-1, ...``: deterministic and spread over the
+    whole file, whatever its order). With ``heldout_every`` 0, or too few rows to hold one out and keep one, every
+    row is counted and none is held out.
+    """
+    if heldout_every < 0 or heldout_every == 1:
+        raise SpecgraftError(f"draft_vocab_heldout_every is {heldout_every}; use 0 (no hold-out) or 2 or more "
+                             "(1 would hold out every row)")
+    if heldout_every == 0 or num_rows < heldout_every:
+        return list(range(num_rows)), []
+    held = set(range(heldout_every - 1, num_rows, heldout_every))
+    return [i for i in range(num_rows) if i not in held], sorted(held)
 
 
 def draft_to_target_ids(d2t: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ from specgraft.heads.draft_vocab import (
     check_draft_vocab_size,
     default_draft_vocab_size,
     draft_to_target_ids,
+    vocab_coverage,
 )
 from specgraft.heads.eagle import EagleHeadBase
 from specgraft.heads.eagle_layers import (
@@ -153,25 +154,39 @@ class Eagle3Head(EagleHeadBase):
             rows = weight.index_select(0, self.draft_token_ids().to(weight.device))
             self.lm_head.weight.copy_(rows.to(self.lm_head.weight))
 
-    def prepare_from_data(self, token_counts: torch.Tensor | None) -> dict[str, Any]:
+    def prepare_from_data(self, token_counts: torch.Tensor | None,
+                          heldout_counts: torch.Tensor | None = None) -> dict[str, Any]:
         """Choose the draft vocabulary from the counts [V] of the training data's loss tokens (sets ``d2t``/``t2d``
-        and re-initialises the lm_head rows from the target's); returns ``draft_vocab_coverage``, the fraction of
-        counted tokens inside the draft vocabulary. Call it before training (it resets the lm_head)."""
+        and re-initialises the lm_head rows from the target's). Call it before training (it resets the lm_head).
+
+        Returns ``draft_vocab_train_coverage``, the fraction of the counted tokens inside the draft vocabulary, and,
+        given ``heldout_counts`` [V] of rows left out of ``token_counts``, ``draft_vocab_coverage`` measured on
+        those (what a draft meets on text it was not counted from) with ``draft_vocab_heldout_tokens``."""
         vd, v = self.config.draft_vocab_size, self.target.vocab_size
         if token_counts is None:
             logger.warning("no token counts given: the EAGLE-3 draft vocabulary stays the first %d target ids", vd)
             return {}
-        counts = torch.as_tensor(token_counts)
-        if counts.dim() != 1 or counts.numel() != v:
-            raise SpecgraftError(f"token counts have shape {tuple(counts.shape)} but the target vocabulary has {v} "
-                                 "entries; count tokens with the target's tokenizer (token_frequencies(ds, vocab))")
-        d2t, t2d, coverage = build_draft_vocab(counts, vd)
+        for name, given in (("token counts", token_counts), ("held-out token counts", heldout_counts)):
+            counts = None if given is None else torch.as_tensor(given)
+            if counts is not None and (counts.dim() != 1 or counts.numel() != v):
+                raise SpecgraftError(f"{name} have shape {tuple(counts.shape)} but the target vocabulary has {v} "
+                                     "entries; count tokens with the target's tokenizer (token_frequencies(ds, vocab))")
+        d2t, t2d, train_coverage = build_draft_vocab(torch.as_tensor(token_counts), vd)
         self.d2t.copy_(d2t.to(self.d2t.device))
         self.t2d.copy_(t2d.to(self.t2d.device))
         self._init_from_target()
-        logger.info("EAGLE-3 draft vocabulary: %d of %d tokens, covering %.2f%% of the training loss tokens",
-                    vd, v, 100.0 * coverage)
-        return {"draft_vocab_coverage": coverage, "draft_vocab_size": vd}
+        facts: dict[str, Any] = {"draft_vocab_size": vd, "draft_vocab_train_coverage": train_coverage}
+        heldout_tokens = 0 if heldout_counts is None else int(torch.as_tensor(heldout_counts).sum())
+        if heldout_tokens > 0:
+            facts["draft_vocab_coverage"] = vocab_coverage(t2d, heldout_counts)
+            facts["draft_vocab_heldout_tokens"] = heldout_tokens
+            logger.info("EAGLE-3 draft vocabulary: %d of %d tokens, covering %.2f%% of %d held-out loss tokens "
+                        "(%.2f%% of the training loss tokens it was counted from)", vd, v,
+                        100.0 * facts["draft_vocab_coverage"], heldout_tokens, 100.0 * train_coverage)
+        else:
+            logger.info("EAGLE-3 draft vocabulary: %d of %d tokens, covering %.2f%% of the training loss tokens it was "
+                        "counted from (no held-out rows: expect less on other text)", vd, v, 100.0 * train_coverage)
+        return facts
 
     def required_layers(self) -> tuple[int, ...]:
         return tuple(dict.fromkeys(int(i) for i in self.config.feature_layers))

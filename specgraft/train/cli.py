@@ -13,6 +13,8 @@ import shutil
 import subprocess
 import sys
 
+from specgraft.utils.threads import add_threads_argument, set_torch_threads
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, "recipes/medusa/, recipes/eagle/, recipes/eagle3/")
@@ -29,6 +31,7 @@ def add_job_arguments(parser: argparse.ArgumentParser, where: str) -> None:
     parser.add_argument("--accelerate-config", default=None,
                         help="An accelerate config file (DDP, DeepSpeed, FSDP; see recipes/accelerate/).")
     parser.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
+    add_threads_argument(parser)
     parser.add_argument("--dry-run", action="store_true",
                         help="Check the recipe end to end on a tiny random model of the target's architecture "
                              "(one step, nothing downloaded or written).")
@@ -48,6 +51,7 @@ def run_job(args: argparse.Namespace, trainer_cls: type, module: str, describe) 
     """Dry-run, hand off to a multi-process launcher, or train in this process; prints ``describe(...)``."""
     from specgraft.config import load_recipe
 
+    set_torch_threads(args.threads)  # validated before anything heavy; a launch passes it on to every process
     recipe = load_recipe(args.recipe, args.overrides)  # fail fast, before starting anything heavy
     if args.dry_run:
         from specgraft.train.dry_run import dry_run_recipe
@@ -100,5 +104,7 @@ def _launch(args: argparse.Namespace, module: str) -> int:
         cmd.append("--resume")
     if args.no_progress:
         cmd.append("--no-progress")
+    if args.threads is not None:
+        cmd += ["--threads", str(args.threads)]
     print("launching:", " ".join(cmd), file=sys.stderr)
     return subprocess.call(cmd)

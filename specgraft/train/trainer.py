@@ -274,13 +274,20 @@ class RecipeTrainer:
         self.dataset = CachedFeatureDataset(self.dataset, cache)
         return collate_with_features
 
-    def token_counts(self, vocab_size: int) -> torch.Tensor | None:
-        """Counts [V] of the loss tokens in the training data."""
+    def token_counts(self, vocab_size: int, heldout_every: int = 0) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Counts [V] of the loss tokens in the training data, without every ``heldout_every``-th row, and the
+        counts [V] of those held-out rows (None when none is held out; see draft_vocab.heldout_rows)."""
         try:
             from specgraft.data import token_frequencies
         except ImportError:
-            return None
-        return token_frequencies(self.dataset, vocab_size, only_loss_tokens=True)
+            return None, None
+        from specgraft.heads.draft_vocab import heldout_rows
+
+        counted, held = heldout_rows(len(self.dataset), heldout_every)
+        if not held:
+            return token_frequencies(self.dataset, vocab_size, only_loss_tokens=True), None
+        return (token_frequencies(self.dataset.select(counted), vocab_size, only_loss_tokens=True),
+                token_frequencies(self.dataset.select(held), vocab_size, only_loss_tokens=True))
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def unwrapped_head(self) -> DraftHead | None:
@@ -484,7 +491,8 @@ class HeadTrainer(RecipeTrainer):
         cls = head_class(r.head.type)
         head = cls.build(target, cls.config_from_recipe(r.head, target))
         self._built_head = head
-        self.data_facts = head.prepare_from_data(self.token_counts(target.vocab_size)) or {}
+        counts, heldout = self.token_counts(target.vocab_size, r.head.draft_vocab_heldout_every)
+        self.data_facts = head.prepare_from_data(counts, heldout) or {}
         for key, value in self.data_facts.items():
             logger.info("%s: %s", key, value)
         params = trainable_parameters(head)

@@ -354,3 +354,66 @@ def test_two_processes_give_the_same_rows_as_one(tmp_path):
                max_new_tokens=MAX_NEW, show_progress=False)
     assert out.read_text() == single.read_text()
     assert not out.with_name(out.name + ".parts").exists()
+
+
+def test_first_reply_only_rewrites_one_reply_per_conversation(tmp_path, stopping_model, tiny_tok, conversations,
+                                                             caplog):
+    convs = _convs(conversations)  # 4 conversations holding 5 reply slots (one has two dependent replies)
+    full = regenerate(stopping_model, tiny_tok, [{"messages": c} for c in convs], tmp_path / "full.jsonl",
+                      batch_size=3, max_new_tokens=MAX_NEW, show_progress=False)
+    out = tmp_path / "first.jsonl"
+    with caplog.at_level(logging.DEBUG, logger="specgraft.data.regenerate"):
+        first = regenerate(stopping_model, tiny_tok, [{"messages": c} for c in convs], out, batch_size=3,
+                           max_new_tokens=MAX_NEW, first_reply_only=True, show_progress=False)
+    assert full.replies == 5 and first.replies == 4 and first.rows == 4
+    for row, conv in zip(_read(out), convs):
+        roles = [m["role"] for m in conv]
+        through_first = conv[: roles.index("assistant") + 1] if "assistant" in roles else conv
+        assert row["messages"] == _reference(stopping_model, tiny_tok, through_first)
+        assert sum(m["role"] == "assistant" for m in row["messages"]) == 1
+    # The two-reply conversation ends at its first reply: the later question followed from the old answer.
+    assert [m["role"] for m in _read(out)[1]["messages"]] == ["system", "user", "assistant"]
+    # One timing line per batch (4 conversations in batches of 3), adding up to the run's totals.
+    batches = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch of ")]
+    assert [b.split(" conversations")[0] for b in batches] == ["batch of 3", "batch of 1"]
+    assert sum(int(b.split(" new tokens")[0].rsplit(" ", 1)[1]) for b in batches) == first.new_tokens
+    assert all("tokens/s)" in b for b in batches)
+
+
+def test_resume_with_another_first_reply_only_is_refused(tmp_path, gen_model, tiny_tok, conversations,
+                                                         monkeypatch):
+    records = [{"messages": c} for c in conversations]
+    out = tmp_path / "out.jsonl"
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(regen_module._Generator, "conversations", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        regenerate(gen_model, tiny_tok, records, out, max_new_tokens=3, first_reply_only=True, show_progress=False)
+    monkeypatch.undo()
+    meta = json.loads((out.with_name(out.name + ".parts") / "meta.json").read_text())
+    assert meta["first_reply_only"] is True
+    with pytest.raises(SpecgraftError, match=r"other settings \(first_reply_only differ\)"):
+        regenerate(gen_model, tiny_tok, records, out, max_new_tokens=3, show_progress=False)
+    stats = regenerate(gen_model, tiny_tok, records, out, max_new_tokens=3, first_reply_only=True,
+                       show_progress=False)
+    assert stats.rows == len(conversations) and stats.replies == len(conversations)
+
+
+def test_cli_first_reply_only_and_threads(tmp_path, gen_model, sharegpt_file, capsys, isolated_cache, conversations,
+                                          monkeypatch):
+    model_dir = tmp_path / "model"
+    gen_model.save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    threads = []
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    out = tmp_path / "o.jsonl"
+    rc = cli_main(["regenerate", "--model", str(model_dir), "--data", str(sharegpt_file), "--out", str(out),
+                   "--max-new-tokens", str(MAX_NEW), "--dtype", "float32", "--first-reply-only", "--threads", "2",
+                   "--no-progress"])
+    printed = capsys.readouterr()
+    assert rc == 0 and threads == [2] and "regenerating" not in printed.err
+    assert f"({len(conversations)} replies" in printed.out
+    rows = _read(out)
+    assert [len(r["messages"]) for r in rows] == [2, 3, 2]

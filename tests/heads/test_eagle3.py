@@ -143,11 +143,19 @@ def test_prepare_from_data_sets_the_draft_vocab_and_reports_coverage(tiny_llama)
     top = torch.sort(counts.double(), descending=True, stable=True).indices[:64].sort().values
     assert torch.equal(head.draft_token_ids(), top)
     assert head.t2d.sum() == 64 and head.t2d[top].all()
-    assert facts["draft_vocab_coverage"] == pytest.approx(float(counts[top].sum() / counts.sum()))
+    assert facts["draft_vocab_train_coverage"] == pytest.approx(float(counts[top].sum() / counts.sum()))
+    assert "draft_vocab_coverage" not in facts  # no held-out counts: no held-out coverage claimed
+    heldout = _counts(target.vocab_size, seed=1)
+    facts = head.prepare_from_data(counts, heldout)
+    assert torch.equal(head.draft_token_ids(), top)  # chosen from token_counts alone
+    assert facts["draft_vocab_coverage"] == pytest.approx(float(heldout[top].sum() / heldout.sum()))
+    assert facts["draft_vocab_heldout_tokens"] == int(heldout.sum())
     # The lm_head starts from the target's rows of the chosen tokens.
     torch.testing.assert_close(head.lm_head.weight, target.output_head.weight[top])
     with pytest.raises(SpecgraftError, match="vocabulary"):
         head.prepare_from_data(torch.ones(10))
+    with pytest.raises(SpecgraftError, match="held-out token counts"):
+        head.prepare_from_data(counts, torch.ones(10))
 
 
 def test_full_vocab_head_has_zero_offsets(tiny_llama):
