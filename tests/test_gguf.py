@@ -211,3 +211,33 @@ def test_dry_run_reads_the_architecture_from_gguf_metadata(tiny_gguf):
 
     assert guess_model_type(str(tiny_gguf)) == "llama"
     assert guess_model_type("somewhere/SmolLM2-135M-Instruct.Q4_1.gguf") == "llama"  # absent file: name hint
+
+
+def test_a_head_records_the_gguf_and_is_refused_by_another_target(tiny_gguf, gguf_cache, tiny_llama, tiny_tok,
+                                                                  tmp_path):
+    from specgraft.config import HeadConfig
+    from specgraft.errors import TargetMismatchError
+    from specgraft.heads.base import load_head
+    from specgraft.heads.medusa import MedusaHead
+    from specgraft.target import Target
+
+    target = load_target(str(tiny_gguf))
+    head = MedusaHead.build(target, MedusaHead.config_from_recipe(HeadConfig(num_heads=2), target))
+    head.save_pretrained(tmp_path / "head")
+    saved = json.loads((tmp_path / "head" / "head_config.json").read_text())["target"]
+    assert saved["source"] == f"gguf:tiny.gguf sha256:{sha256_file(tiny_gguf)}"
+    assert isinstance(load_head(load_target(str(tiny_gguf)), tmp_path / "head"), MedusaHead)
+    with pytest.raises(TargetMismatchError, match="made for target .*tiny.gguf"):
+        load_head(Target(tiny_llama, tiny_tok), tmp_path / "head")
+
+
+def test_eval_takes_a_gguf_target_and_stays_lossless(tiny_gguf, gguf_cache, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "writing", "turns": ["the cat"]}) + "\n")
+    out = tmp_path / "eval"
+    assert cli_main(["eval", "--target", str(tiny_gguf), "--drafter", "self", "--prompts", str(prompts),
+                     "--out", str(out), "--max-new-tokens", "8", "--threads", "1"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["target"]["source"] == f"gguf:tiny.gguf sha256:{sha256_file(tiny_gguf)}"
+    overall = report["overall"]
+    assert overall["lossless_passed"] is True and overall["lossless_identical"] == overall["lossless_checked"] == 1
