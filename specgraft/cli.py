@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "push": ("specgraft.export.push", "Upload an exported head folder to the Hugging Face Hub."),
     "regenerate": ("specgraft.data.regenerate", "Rewrite assistant turns with the target (self-distillation data)."),
     "convert-llama2c": ("specgraft.llama2c", "Convert a llama2.c checkpoint + tokenizer to a transformers folder."),
+    "convert-gguf": ("specgraft.gguf", "Convert a .gguf file (dequantized) to a transformers folder."),
     "recipe": ("specgraft.recipe_cli", "Validate recipes and print the fully resolved configuration."),
     "demo": ("specgraft.demo", "Run the end-to-end demo on the embedded default target (CPU, no downloads)."),
 }

@@ -29,7 +29,7 @@ import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specgraft.errors import SpecgraftError
-from specgraft.utils.io import atomic_path
+from specgraft.utils.io import atomic_path, check_output_folder
 
 # --- llama2.c facts (run.c / export.py), not tunables -----------------------------------------------------------
 #: Order of the int32 fields of the legacy header.
@@ -432,10 +432,7 @@ def convert_llama2c(
             is a file, or a non-empty folder and ``overwrite`` is False.
     """
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise SpecgraftError(f"output path {out_dir} is a file; pass a folder path for --out")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise SpecgraftError(f"output folder {out_dir} is not empty; pass --overwrite or choose another --out")
+    check_output_folder(out_dir, overwrite)
     model = load_llama2c_model(checkpoint)
     tok = load_llama2c_tokenizer(tokenizer, vocab_size=model.config.vocab_size)
     tok.model_max_length = model.config.max_position_embeddings

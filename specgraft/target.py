@@ -26,6 +26,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from specgraft.errors import SpecgraftError, TargetMismatchError
+from specgraft.gguf import read_source, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ class TargetIdentity:
     vocab_size: int
     num_hidden_layers: int
     tokenizer_fingerprint: str | None = None
+    #: Where the weights came from when not a plain folder or Hub id, e.g. ``gguf:NAME.gguf sha256:HEX`` (None
+    #: otherwise, and in configs saved before this field existed). Informative: not a strict field.
+    source: str | None = None
 
     #: Fields that must agree for a head to be usable; the name may differ (a local copy of the same model).
     STRICT_FIELDS = ("architecture", "hidden_size", "vocab_size", "num_hidden_layers", "tokenizer_fingerprint")
@@ -99,6 +103,9 @@ class TargetIdentity:
         if self.name_or_path != actual.name_or_path:
             logger.warning("%s was made for %s; loading onto %s (same architecture, sizes and tokenizer)",
                            what, self.name_or_path, actual.name_or_path)
+        if self.source and actual.source and self.source != actual.source:
+            # Another quantization of the same model (e.g. Q4_1 vs Q8_0) fits but drafts a little differently.
+            logger.warning("%s was made from %s; the loaded target comes from %s", what, self.source, actual.source)
 
 
 @dataclass
@@ -117,9 +124,11 @@ class Target:
         model: a transformers causal LM (``*ForCausalLM``).
         tokenizer: its tokenizer (optional, but needed for the identity's tokenizer fingerprint and for data).
         name_or_path: what to record as the target's name; defaults to ``model.name_or_path``.
+        source: where the weights came from when converted (see :attr:`TargetIdentity.source`).
     """
 
-    def __init__(self, model: PreTrainedModel, tokenizer: Any = None, name_or_path: str | None = None) -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer: Any = None, name_or_path: str | None = None,
+                 source: str | None = None) -> None:
         _require_causal_lm(model.config, name_or_path or getattr(model, "name_or_path", "") or "the model")
         self.model = model
         self.tokenizer = tokenizer
@@ -137,6 +146,7 @@ class Target:
             vocab_size=int(text_config.vocab_size),
             num_hidden_layers=int(text_config.num_hidden_layers),
             tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+            source=source,
         )
 
     # -- sizes -----------------------------------------------------------------------------------------------
@@ -300,17 +310,19 @@ def load_target(
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
 ) -> Target:
-    """Load and freeze a target from a local folder, a Hub id or an in-memory model.
+    """Load and freeze a target from a local folder, a Hub id, a ``.gguf`` file or an in-memory model.
 
     The tokenizer is loaded from the same place when not given (a missing tokenizer is allowed for in-memory
-    models only).
+    models only). A ``.gguf`` is converted once into a cached folder (:func:`specgraft.gguf.resolve_model_path`);
+    the target keeps the GGUF path as its name and records the file's hash in its identity's ``source``.
     """
     if isinstance(model, PreTrainedModel):
         if device is not None:
             model = model.to(device)
         return Target(model, tokenizer)
 
-    name = str(model)
+    given = str(model)
+    name = resolve_model_path(given)
     local = Path(name).expanduser()
     looks_local = local.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
     if looks_local and not local.exists():
@@ -338,7 +350,8 @@ def load_target(
         except (OSError, ValueError) as exc:
             raise SpecgraftError(f"could not load the tokenizer of {name} ({type(exc).__name__}); save the "
                                  "tokenizer beside the model with tokenizer.save_pretrained") from None
-    return Target(loaded, tokenizer, name_or_path=name)
+    gguf_source = read_source(local) if local.is_dir() else None
+    return Target(loaded, tokenizer, name_or_path=given, source=gguf_source.describe() if gguf_source else None)
 
 
 def target_from_config(model_cfg: Any, device: str | torch.device | None = None) -> Target:

@@ -120,3 +120,68 @@ def recipe_writer(folder: Path, base: dict[str, dict[str, Any]]) -> Callable[...
         return path
 
     return write
+
+
+def write_tiny_gguf(path: str | Path, architecture: str = "llama", seed: int = 0) -> Path:
+    """Write a tiny random Llama-layout GGUF (float32 tensors, byte-level BPE tokenizer, ChatML template).
+
+    A few tens of KB: what GGUF conversion and caching tests load instead of a real 100 MB file. ``architecture``
+    only changes the ``general.architecture`` field (a name transformers cannot load exercises the refusal).
+    Needs the ``gguf`` package.
+    """
+    import gguf
+    import numpy as np
+    from tokenizers import pre_tokenizers
+
+    rng = np.random.default_rng(seed)
+    tokens = list(_SPECIAL_TOKENS) + sorted(pre_tokenizers.ByteLevel.alphabet())
+    merges = ["Ġ t", "h e", "Ġt he"]
+    tokens += [m.replace(" ", "") for m in merges]
+    vocab, hidden, layers, heads, kv_heads, ffn = len(tokens), 16, 2, 2, 1, 32
+    head_dim = hidden // heads
+    path = Path(path)
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name("specgraft tiny test model")
+    writer.add_block_count(layers)
+    writer.add_context_length(64)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_vocab_size(vocab)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    n_special = len(_SPECIAL_TOKENS)
+    writer.add_token_types([gguf.TokenType.CONTROL] * n_special + [gguf.TokenType.NORMAL] * (vocab - n_special))
+    writer.add_token_merges(merges)
+    writer.add_pad_token_id(_SPECIAL_TOKENS.index("<pad>"))
+    writer.add_bos_token_id(_SPECIAL_TOKENS.index("<s>"))
+    writer.add_eos_token_id(_SPECIAL_TOKENS.index("</s>"))
+    writer.add_unk_token_id(_SPECIAL_TOKENS.index("<unk>"))
+    writer.add_chat_template(TINY_CHAT_TEMPLATE)
+
+    def weight(*shape: int) -> np.ndarray:  # torch layout [out, in]; the writer stores GGUF's reversed dims
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    writer.add_tensor("token_embd.weight", weight(vocab, hidden))
+    writer.add_tensor("output_norm.weight", 1 + weight(hidden))
+    for i in range(layers):
+        block = f"blk.{i}."
+        writer.add_tensor(block + "attn_norm.weight", 1 + weight(hidden))
+        writer.add_tensor(block + "ffn_norm.weight", 1 + weight(hidden))
+        writer.add_tensor(block + "attn_q.weight", weight(hidden, hidden))
+        writer.add_tensor(block + "attn_k.weight", weight(kv_heads * head_dim, hidden))
+        writer.add_tensor(block + "attn_v.weight", weight(kv_heads * head_dim, hidden))
+        writer.add_tensor(block + "attn_output.weight", weight(hidden, hidden))
+        writer.add_tensor(block + "ffn_gate.weight", weight(ffn, hidden))
+        writer.add_tensor(block + "ffn_up.weight", weight(ffn, hidden))
+        writer.add_tensor(block + "ffn_down.weight", weight(hidden, ffn))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

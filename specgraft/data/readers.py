@@ -13,18 +13,22 @@ a batched ``map`` whose result is cached under the fingerprint of the source fil
 
 from __future__ import annotations
 
+import codecs
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import datasets
 
 from specgraft.errors import SpecgraftError
+from specgraft.utils.io import atomic_path, atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +65,9 @@ TEXT_FEATURES = datasets.Features({"text": datasets.Value("string"), "row": data
 _OK, _EMPTY, _BAD_ROLE = 0, 1, 2
 # Paragraph separator of plain-text files: a blank line, possibly holding spaces or tabs.
 _BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
+# JSON's insignificant whitespace, and how much of each end of a .json file tells whether it is an open array.
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+_PEEK_BYTES = 4096
 
 
 def default_cache_dir() -> Path:
@@ -222,13 +229,139 @@ def _load_file(f: Path, format: str, cache: Path) -> datasets.Dataset:
             raise SpecgraftError(
                 f"cannot read {f}: unknown file type; use .json, .jsonl or .txt (or a folder saved with save_to_disk)"
             )
+        array = _json_array_state(f) if name.endswith(".json") else None
+        if array == "open":
+            # Not closed by "]": a dump cut off mid-record (ShareGPT V3 as shipped). Keep what is complete.
+            return datasets.load_dataset("json", data_files=str(_salvaged_array(f, cache)), split="train",
+                                         cache_dir=hf_cache)
         return datasets.load_dataset("json", data_files=str(f), split="train", cache_dir=hf_cache)
     except SpecgraftError:
         raise
     except Exception as exc:  # datasets wraps parser errors in several types; all mean "unreadable file"
+        if not is_txt and _json_array_state(f) == "closed":
+            scan_json_array(f, lambda record: None)  # raises with the line and column of the damage
         detail = _first_line(exc)
         expected = "UTF-8 text" if is_txt else "valid JSON / JSON lines"
         raise SpecgraftError(f"could not read {f} ({detail}); check that it is {expected}") from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# JSON arrays cut off at the end
+
+
+@dataclass(frozen=True)
+class ArrayEnd:
+    """How a JSON array file ended: its complete records and, when it was cut off, where."""
+
+    records: int
+    truncated: bool
+    file_bytes: int
+    #: 1-based line of the file's last character (where the cut is, when truncated).
+    end_line: int
+    #: 1-based line where the incomplete record starts (None when the cut falls between records or no cut).
+    cut_record_line: int | None = None
+
+    def describe(self, path: Path) -> str:
+        where = f", inside record {self.records + 1} (from line {self.cut_record_line})" if self.cut_record_line else ""
+        return (f"{path} is a JSON array cut off at its end (byte {self.file_bytes}, line {self.end_line}{where}): "
+                f"kept the {self.records} complete records before the cut")
+
+
+def _json_array_state(f: Path) -> str | None:
+    """``closed`` / ``open`` (no final ``]``) for a file whose content is a JSON array, None for anything else."""
+    size = f.stat().st_size
+    with open(f, "rb") as fh:
+        head = fh.read(_PEEK_BYTES).removeprefix(codecs.BOM_UTF8).lstrip()
+        if not head.startswith(b"["):
+            return None
+        fh.seek(max(0, size - _PEEK_BYTES))
+        tail = fh.read().rstrip()
+    return "closed" if tail.endswith(b"]") else "open"
+
+
+def _cut_at_end(text: str, exc: json.JSONDecodeError) -> bool:
+    """True when a decode error means "the text ended" rather than "the text is wrong here"."""
+    if exc.msg.startswith("Unterminated string"):
+        return True  # the string scanner found no closing quote (nor any quote, escape or newline) before the end
+    rest = text[exc.pos :].strip()
+    return rest == "" or any(literal.startswith(rest) for literal in ("true", "false", "null"))
+
+
+def scan_json_array(path: str | os.PathLike, on_record: Callable[[Any], None]) -> ArrayEnd:
+    """Decode a JSON array file element by element, passing each complete element to ``on_record``.
+
+    An array cut off at the end (mid-record or between records) ends the scan with ``truncated`` set; anything
+    else that is not JSON is refused with its line and column.
+
+    Raises:
+        SpecgraftError: the file is not UTF-8, not a JSON array, or damaged anywhere but at its end.
+    """
+    path = Path(path)
+    try:
+        text = path.read_bytes().removeprefix(codecs.BOM_UTF8).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecgraftError(f"could not read {path}: byte {exc.start} is not UTF-8; check that it is valid JSON "
+                             "in UTF-8") from None
+    decoder = json.JSONDecoder()
+    n_bytes = path.stat().st_size
+
+    def damaged(exc: json.JSONDecodeError, record: int) -> SpecgraftError:
+        return SpecgraftError(f"could not read {path}: not valid JSON at line {exc.lineno} column {exc.colno} "
+                              f"({exc.msg}), in record {record + 1} of the array; fix the file or re-download it")
+
+    def end(count: int, truncated: bool, record_start: int | None = None) -> ArrayEnd:
+        last_line = text.count("\n", 0, max(len(text.rstrip()), 1) - 1) + 1
+        start_line = text.count("\n", 0, record_start) + 1 if record_start is not None else None
+        return ArrayEnd(count, truncated, n_bytes, last_line, start_line)
+
+    idx = _JSON_SPACE.match(text).end()
+    if text[idx : idx + 1] != "[":
+        raise SpecgraftError(f"could not read {path}: it is not a JSON array; check that it is valid JSON")
+    count = 0
+    idx = _JSON_SPACE.match(text, idx + 1).end()
+    if text[idx : idx + 1] == "]":
+        return end(0, truncated=False)
+    while True:
+        if idx >= len(text):
+            return end(count, truncated=True)
+        try:
+            record, stop = decoder.raw_decode(text, idx)
+        except json.JSONDecodeError as exc:
+            if _cut_at_end(text, exc):
+                return end(count, truncated=True, record_start=idx)
+            raise damaged(exc, count) from None
+        on_record(record)
+        count += 1
+        idx = _JSON_SPACE.match(text, stop).end()
+        if idx >= len(text):
+            return end(count, truncated=True)
+        if text[idx] == ",":
+            idx = _JSON_SPACE.match(text, idx + 1).end()
+        elif text[idx] == "]":
+            if text[idx + 1 :].strip():
+                raise damaged(json.JSONDecodeError("Extra data after the array", text, idx + 1), count)
+            return end(count, truncated=False)
+        else:
+            raise damaged(json.JSONDecodeError("Expecting ',' delimiter", text, idx), count)
+
+
+def _salvaged_array(f: Path, cache: Path) -> Path:
+    """The complete records of a cut-off JSON array as JSON lines in the cache (written once per file version),
+    with a warning that says how many were kept and where the file ends."""
+    st = f.stat()
+    key = hashlib.sha256(json.dumps([READER_VERSION, str(f.resolve()), st.st_size, st.st_mtime_ns]).encode())
+    stem = cache / "salvaged" / key.hexdigest()[:24]
+    lines, meta = stem.with_suffix(".jsonl"), stem.with_suffix(".json")
+    if lines.is_file() and meta.is_file():
+        info = ArrayEnd(**json.loads(meta.read_text(encoding="utf-8")))
+    else:
+        with atomic_path(lines) as tmp, open(tmp, "w", encoding="utf-8") as out:
+            info = scan_json_array(f, lambda record: out.write(json.dumps(record, ensure_ascii=False) + "\n"))
+        atomic_write_json(meta, dataclasses.asdict(info))
+    if info.records == 0:
+        raise SpecgraftError(f"{f} is a JSON array cut off before its first record ended; re-download the file")
+    logger.warning("%s", info.describe(f))
+    return lines
 
 
 def _first_line(exc: BaseException) -> str:

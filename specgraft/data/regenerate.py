@@ -167,6 +167,9 @@ def load_model(path: str, dtype: str = "auto", device: Any = None) -> tuple[Any,
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specgraft.gguf import resolve_model_path
+
+    path = resolve_model_path(path)  # a .gguf becomes its cached converted folder
     local = Path(path).expanduser()
     if not local.exists() and (path.startswith((".", "/", "~")) or path.count("/") > 1):
         raise SpecgraftError(f"model path {path} does not exist; pass --model a folder saved with save_pretrained "

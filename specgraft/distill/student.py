@@ -26,6 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from specgraft.errors import SpecgraftError, TargetMismatchError
+from specgraft.gguf import resolve_model_path
 from specgraft.target import Target, _require_causal_lm, resolve_dtype, tokenizer_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -222,6 +223,8 @@ def load_student(name_or_path: str, target: Target, dtype: torch.dtype | str = t
 
     from transformers import AutoConfig
 
+    origin = name_or_path
+    name_or_path = resolve_model_path(name_or_path)  # a .gguf becomes its cached converted folder
     local = Path(name_or_path).expanduser()
     if not local.exists() and (name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1):
         raise SpecgraftError(f"distill.student {name_or_path} does not exist; pass a folder with config.json or "
@@ -252,7 +255,7 @@ def load_student(name_or_path: str, target: Target, dtype: torch.dtype | str = t
         logger.info("student vocabulary rows resized from %d to the target's %d (same tokenizer)",
                     student_vocab, target.vocab_size)
     model.train()
-    return Student(model=model, tokenizer=tokenizer, origin=name_or_path, notes=notes)
+    return Student(model=model, tokenizer=tokenizer, origin=origin, notes=notes)
 
 
 def precheck_student_tokenizer(model_cfg: Any, distill_cfg: Any) -> None:
@@ -262,17 +265,19 @@ def precheck_student_tokenizer(model_cfg: Any, distill_cfg: Any) -> None:
 
     if not distill_cfg.student:
         return
+    target_name = resolve_model_path(model_cfg.name_or_path)
+    student_name = resolve_model_path(distill_cfg.student)
     try:
-        target_tok = AutoTokenizer.from_pretrained(model_cfg.name_or_path, revision=model_cfg.revision,
+        target_tok = AutoTokenizer.from_pretrained(target_name, revision=model_cfg.revision,
                                                    trust_remote_code=model_cfg.trust_remote_code)
         target_vocab = int(AutoConfig.from_pretrained(
-            model_cfg.name_or_path, revision=model_cfg.revision,
+            target_name, revision=model_cfg.revision,
             trust_remote_code=model_cfg.trust_remote_code).get_text_config().vocab_size)
     except (OSError, ValueError):
         return
     try:
-        student_tok = AutoTokenizer.from_pretrained(distill_cfg.student)
-        student_vocab = int(AutoConfig.from_pretrained(distill_cfg.student).get_text_config().vocab_size)
+        student_tok = AutoTokenizer.from_pretrained(student_name)
+        student_vocab = int(AutoConfig.from_pretrained(student_name).get_text_config().vocab_size)
     except (OSError, ValueError):
         return  # load_student reports it with the full context
     check_student_tokenizer(student_tok, target_tok, distill_cfg.student, model_cfg.name_or_path,

@@ -98,8 +98,10 @@ def _load_draft_model(path: str, target: Any, dtype: Any, device: str) -> tuple[
     """The draft LM and its tokenizer (None when the folder has none), refusing another vocabulary/tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specgraft.gguf import resolve_model_path
     from specgraft.target import load_target, tokenizer_fingerprint
 
+    path = resolve_model_path(path)  # a .gguf draft becomes its cached converted folder
     local = Path(path).expanduser()
     if local.exists() and not (local / "config.json").is_file():
         raise SpecgraftError(f"draft model folder {path} has no config.json; pass a transformers model folder")

@@ -77,8 +77,10 @@ def resolve_target(meta: dict[str, Any], target: str | Path | Target | None) -> 
 def _load_config(name: str, given: bool) -> Any:
     from transformers import AutoConfig
 
+    from specgraft.gguf import resolve_model_path
+
     try:
-        return AutoConfig.from_pretrained(name)
+        return AutoConfig.from_pretrained(resolve_model_path(name))
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         how = "check --target" if given else "pass --target PATH (a local copy of the target or its Hub id)"

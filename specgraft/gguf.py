@@ -1,0 +1,297 @@
+"""GGUF targets: a ``.gguf`` file (llama.cpp's format) as a plain transformers model folder.
+
+transformers loads a GGUF with ``from_pretrained(folder, gguf_file=name)`` and dequantizes it, but the result
+refuses ``save_pretrained`` and costs a dequantization on every load. :func:`convert_gguf` rebuilds the dequantized
+weights as a plain model (same transformers class, no quantization config) and saves it with the GGUF's tokenizer
+and chat template. :func:`resolve_model_path` is what every loader calls: a path ending in ``.gguf`` becomes a
+folder in a cache keyed by the file's SHA-256 (converted once, reused next time; a changed file gets a new
+folder), anything else is returned unchanged. Each converted folder records its source in ``gguf_source.json``,
+which :func:`~specgraft.target.load_target` copies into the target's identity.
+
+The cache lives in ``$SPECGRAFT_GGUF_CACHE`` when set, else ``$XDG_CACHE_HOME/specgraft/gguf`` (default
+``~/.cache/specgraft/gguf``). Cached folders are always float32: dequantized values are exact in float32, and a
+loader that asks for another dtype casts on load, so one conversion serves every dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specgraft.errors import SpecgraftError
+from specgraft.utils.io import atomic_path, check_output_folder, sha256_file
+
+logger = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+GGUF_SUFFIX = ".gguf"
+#: Written into every converted folder: the GGUF file's name, SHA-256 and transformers model_type.
+SOURCE_FILE = "gguf_source.json"
+CACHE_ENV = "SPECGRAFT_GGUF_CACHE"
+#: Bump when the converted folder of the same GGUF changes (invalidates cached conversions).
+CONVERTER_VERSION = 1
+#: Characters of the SHA-256 in a cache folder's name (64 bits: collisions are not a practical concern).
+CACHE_KEY_CHARS = 16
+_INSTALL_HINT = "pip install 'specgraft[gguf]' (or pip install gguf)"
+
+
+@dataclass(frozen=True)
+class GGUFSource:
+    """What a converted folder was made from."""
+
+    file_name: str
+    sha256: str
+    model_type: str
+
+    def describe(self) -> str:
+        """The one-string form stored in :class:`~specgraft.target.TargetIdentity` ``source``."""
+        return f"gguf:{self.file_name} sha256:{self.sha256}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "gguf", "file_name": self.file_name, "sha256": self.sha256,
+                "model_type": self.model_type, "converter_version": CONVERTER_VERSION}
+
+
+def is_gguf_path(name_or_path: str | os.PathLike) -> bool:
+    """True when ``name_or_path`` names a GGUF file (by its suffix, case-insensitive)."""
+    return str(name_or_path).lower().endswith(GGUF_SUFFIX)
+
+
+def default_cache_dir() -> Path:
+    """``$SPECGRAFT_GGUF_CACHE``, else ``$XDG_CACHE_HOME/specgraft/gguf`` (``~/.cache/specgraft/gguf``)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "specgraft" / "gguf"
+
+
+def _require_gguf_package() -> Any:
+    try:
+        import gguf
+    except ImportError:
+        raise SpecgraftError(f"reading .gguf files needs the gguf package, which is not installed; "
+                             f"{_INSTALL_HINT}") from None
+    return gguf
+
+
+def inspect_gguf(path: str | os.PathLike) -> str:
+    """Check that ``path`` is a complete GGUF file and return its ``general.architecture``.
+
+    Raises:
+        SpecgraftError: the gguf package is missing, the file is missing, is not GGUF (magic), is truncated or
+            corrupt, or has no architecture field.
+    """
+    gguf = _require_gguf_package()
+    path = Path(path).expanduser()
+    fix = "re-download the file or export it again with llama.cpp's convert_hf_to_gguf.py"
+    if not path.is_file():
+        raise SpecgraftError(f"GGUF file {path} does not exist; pass the path of a .gguf file")
+    with open(path, "rb") as fh:
+        magic = fh.read(len(GGUF_MAGIC))
+    if magic != GGUF_MAGIC:
+        raise SpecgraftError(f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r}); {fix}")
+    size = path.stat().st_size
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, IndexError, KeyError, OverflowError) as exc:
+        # The reader memory-maps the file; a cut header or tensor block surfaces as a failed reshape/view.
+        raise SpecgraftError(f"{path} is truncated or corrupt ({size} bytes; the GGUF reader says: "
+                             f"{str(exc).splitlines()[0][:120]}); {fix}") from None
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if end > size:
+        raise SpecgraftError(f"{path} is truncated: its tensors end at byte {end} but the file has {size}; {fix}")
+    field = reader.fields.get("general.architecture")
+    if field is None:
+        raise SpecgraftError(f"{path} has no general.architecture field, so it is not a model GGUF; {fix}")
+    return str(field.contents())
+
+
+def _supported_architectures() -> list[str]:
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    return [a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer")]
+
+
+def gguf_config(path: str | os.PathLike) -> Any:
+    """The transformers config of a GGUF (metadata only, no tensor is read).
+
+    Raises:
+        SpecgraftError: see :func:`inspect_gguf`; an architecture transformers cannot load from GGUF, or one
+            that is not a decoder-only causal LM.
+    """
+    from transformers import AutoConfig
+
+    from specgraft.target import _require_causal_lm
+
+    path = Path(path).expanduser()
+    architecture = inspect_gguf(path)
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    except ValueError as exc:
+        if "not supported" not in str(exc):
+            raise SpecgraftError(f"transformers could not read the config of {path} "
+                                 f"({str(exc).splitlines()[0][:160]}); check the file") from None
+        raise SpecgraftError(
+            f"{path} holds a {architecture!r} model, which transformers cannot load from GGUF (it loads "
+            f"{', '.join(_supported_architectures())}); use the original checkpoint of this model instead"
+        ) from None
+    _require_causal_lm(config, f"{path} ({architecture})")
+    return config
+
+
+@dataclass
+class LoadedGGUF:
+    """transformers' own loading of a GGUF: the dequantized float32 model (it refuses ``save_pretrained``), the
+    tokenizer with its chat template, and where it came from."""
+
+    model: Any
+    tokenizer: Any
+    source: GGUFSource
+
+
+def load_gguf(path: str | os.PathLike) -> LoadedGGUF:
+    """Check and load a GGUF with transformers (``from_pretrained(folder, gguf_file=name)``), dequantized to
+    float32 (the quantized blocks are exact in it).
+
+    Raises:
+        SpecgraftError: see :func:`gguf_config`.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path).expanduser()
+    config = gguf_config(path)
+    folder, name = str(path.parent), path.name
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    context = getattr(config, "max_position_embeddings", None)
+    if context:
+        tokenizer.model_max_length = int(context)  # the GGUF tokenizer otherwise claims an unbounded length
+    source = GGUFSource(file_name=path.name, sha256=sha256_file(path), model_type=config.model_type)
+    return LoadedGGUF(model, tokenizer, source)
+
+
+def plain_model(loaded: LoadedGGUF, dtype: str = "float32") -> Any:
+    """A plain, savable copy of a GGUF-loaded model in ``dtype``: same class and config, no quantization."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specgraft.target import resolve_dtype
+
+    torch_dtype = resolve_dtype(dtype)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise SpecgraftError(f"--dtype {dtype} is not a concrete dtype; use float32, bfloat16 or float16")
+    config = copy.deepcopy(loaded.model.config)
+    # The loaded config carries the GGUF "quantization" that blocks save_pretrained; the weights are plain now.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.model.state_dict(), strict=True)
+    if getattr(config, "tie_word_embeddings", False):
+        plain.tie_weights()
+    plain.generation_config = copy.deepcopy(loaded.model.generation_config)
+    return plain.to(torch_dtype).eval()
+
+
+def save_converted(loaded: LoadedGGUF, out: str | os.PathLike, dtype: str = "float32",
+                   overwrite: bool = False) -> Path:
+    """Write a loaded GGUF as a transformers folder (see :func:`convert_gguf`)."""
+    out = Path(out).expanduser()
+    check_output_folder(out, overwrite, flag="--out")
+    model = plain_model(loaded, dtype)
+    with atomic_path(out) as tmp:
+        tmp.mkdir()
+        model.save_pretrained(tmp, safe_serialization=True)
+        loaded.tokenizer.save_pretrained(tmp)
+        (tmp / SOURCE_FILE).write_text(json.dumps(loaded.source.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def convert_gguf(file: str | os.PathLike, out: str | os.PathLike, dtype: str = "float32",
+                 overwrite: bool = False) -> Path:
+    """Write ``file`` (a GGUF) as a transformers folder: safetensors weights in ``dtype``, tokenizer, chat
+    template, generation config and ``gguf_source.json``. The folder is built beside ``out`` and renamed into
+    place, so it appears complete or not at all.
+
+    Raises:
+        SpecgraftError: see :func:`gguf_config`; ``out`` is a file, or a non-empty folder without ``overwrite``.
+    """
+    check_output_folder(Path(out).expanduser(), overwrite, flag="--out")  # before the slow part
+    return save_converted(load_gguf(file), out, dtype, overwrite)
+
+
+def read_source(folder: str | os.PathLike) -> GGUFSource | None:
+    """The GGUF a converted folder was made from (None for any other folder or a Hub id)."""
+    file = Path(folder).expanduser() / SOURCE_FILE
+    if not file.is_file():
+        return None
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+        return GGUFSource(str(meta["file_name"]), str(meta["sha256"]), str(meta.get("model_type", "")))
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+        logger.warning("ignoring unreadable %s", file)
+        return None
+
+
+def cached_folder(file: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The cache folder of ``file``'s content (whether or not it exists yet)."""
+    path = Path(file).expanduser()
+    digest = sha256_file(path)
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return cache / f"{path.stem}-{digest[:CACHE_KEY_CHARS]}-v{CONVERTER_VERSION}"
+
+
+def resolve_model_path(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
+    """A loadable transformers name for ``name_or_path``: a ``.gguf`` file becomes its cached converted folder
+    (converted now when missing), anything else is returned unchanged.
+
+    Raises:
+        SpecgraftError: a GGUF that does not exist or cannot be converted (see :func:`gguf_config`).
+    """
+    if not is_gguf_path(name_or_path):
+        return str(name_or_path)
+    path = Path(name_or_path).expanduser()
+    if not path.is_file():
+        raise SpecgraftError(f"GGUF file {name_or_path} does not exist; pass the path of a .gguf file (a Hub GGUF "
+                             "must be downloaded first, e.g. with `hf download REPO FILE.gguf`)")
+    folder = cached_folder(path, cache_dir)
+    if (folder / SOURCE_FILE).is_file():
+        logger.debug("using the cached conversion %s of %s", folder, path)
+        return str(folder)
+    start = time.perf_counter()
+    logger.info("converting %s to a transformers folder (once; cached in %s)", path, folder)
+    convert_gguf(path, folder, overwrite=True)
+    logger.info("converted %s in %.1f s", path.name, time.perf_counter() - start)
+    return str(folder)
+
+
+# --- CLI ------------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specgraft convert-gguf``."""
+    parser.add_argument("file", type=Path, help="a .gguf file, e.g. SmolLM2-135M-Instruct.Q4_1.gguf")
+    parser.add_argument("--out", type=Path, required=True, help="output folder (transformers format)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="dtype of the saved weights (default float32: dequantized values are exact)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Convert, then print the output folder, the source hash and the parameter count."""
+    start = time.perf_counter()
+    out = convert_gguf(args.file, args.out, dtype=args.dtype, overwrite=args.overwrite)
+    source = read_source(out)
+    n_bytes = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    print(out)
+    if source is not None:
+        print(f"source: {source.describe()} ({source.model_type})")
+    print(f"size: {n_bytes / 2**20:.1f} MiB, {time.perf_counter() - start:.1f} s")
+    return 0
