@@ -5,6 +5,7 @@ every existing output file unchanged."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,7 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file, save_file
 
 from specgraft.cli import main as cli_main
 from specgraft.config import HeadConfig
@@ -66,7 +69,50 @@ def world(tmp_path_factory):
     protected = root / "protected"
     protected.mkdir()
     (protected / "keep.txt").write_text("user data")
+
+    # Issue 15's cases.
+    (root / "a-file").write_text("not a folder")
+    (root / "latin1.jsonl").write_bytes(json.dumps({"text": "caf\u00e9"}, ensure_ascii=False).encode("latin-1")
+                                        + b"\n")
+    (root / "conversations.jsonl").write_text(json.dumps({"messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}) + "\n")
+    null_target = root / "head-null-target"
+    head.save_pretrained(null_target)
+    meta = json.loads((null_target / "head_config.json").read_text())
+    (null_target / "head_config.json").write_text(json.dumps({**meta, "target": None}))
+    nan_head = root / "head-nan"
+    head.save_pretrained(nan_head)
+    weights = load_file(str(nan_head / "head.safetensors"))
+    save_file({k: torch.full_like(v, float("nan")) for k, v in weights.items()}, str(nan_head / "head.safetensors"))
+    bad_types = root / "report-bad-types"
+    bad_types.mkdir()
+    (bad_types / "report.json").write_text(json.dumps({"drafter": "medusa", "overall": [1], "domains": "x",
+                                                       "plots": [1], "settings": 3}))
+    sim_types = root / "report-bad-sim"
+    sim_types.mkdir()
+    (sim_types / "report.json").write_text(json.dumps({"overall": {"acceptance_by_depth": "abc"}, "drafter": 3}))
+    self_report = root / "eval-self"
+    self_report.mkdir()
+    (self_report / "report.json").write_text(json.dumps({"drafter": {"type": "self", "path": None},
+                                                         "overall": {"tau": 5.0}, "domains": {}}))
+    from specgraft.export import export_head
+
+    export_head(root / "head", "vllm", root / "export-local-base")  # target recorded as a local path
     return root
+
+
+def _alias_bomb(path: Path) -> str:
+    """367 bytes of YAML that a plain safe_load expands to 9**9 strings."""
+    lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+    for i in range(1, 9):
+        prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
+        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
+    return _write(path, "\n".join(lines) + "\n")
+
+
+def _eval(w: Path, out: str, *extra: str) -> list[str]:
+    return ["eval", "--target", str(w / "target"), "--drafter", "self", "--prompts", str(w / "prompts.jsonl"),
+            "--out", str(w / out), "--max-new-tokens", "2", "--warmup", "0", "--no-progress", *extra]
 
 
 def recipe(world: Path, name: str, **sections) -> Path:
@@ -134,7 +180,7 @@ CASES = [
      "llama2.c"),
     ("regenerate with a missing model",
      lambda w: ["regenerate", "--model", str(w / "x"), "--data", str(w / "no_assistant.jsonl"), "--out",
-                str(w / "protected" / "keep.txt")], "does not exist"),
+                str(w / "fresh-regen.jsonl")], "does not exist"),
     ("eval with an empty prompt file",
      lambda w: ["eval", "--target", str(w / "target"), "--drafter", "self", "--prompts",
                 str(w / "prompts_empty.jsonl"), "--out", str(w / "protected")], "empty"),
@@ -166,7 +212,96 @@ CASES = [
      "token"),
     ("simulate with alpha > 1", lambda w: ["simulate", "--alpha", "1.5", "--draft-length", "4", "--cost-ratio",
                                            "0.1"], "alpha"),
+    # -- issue 15: bounded sizes, checked before anything is allocated
+    ("yaml alias bomb", lambda w: ["recipe", "check", _alias_bomb(w / "bomb.yaml")], "alias *a is not allowed"),
+    ("simulate with a billion-token draft", lambda w: ["simulate", "--alpha", "0.8", "--draft-length", "1000000000",
+                                                       "--cost-ratio", "0.1"], "draft length must be at most"),
+    ("dry run with a 100k-layer feature index",
+     lambda w: ["train", str(recipe(w, "fl", head={"type": "eagle3", "feature_layers": [1, 2, 100000]})),
+                "--dry-run"], "head.feature_layers[2] must be in [0, 4096]"),
+    # -- silent wrong results
+    ("duplicate yaml key", lambda w: ["recipe", "check", _write(w / "dup.yaml", recipe(w, "dk").read_text()
+                                                                + "training:\n  max_steps: 5\n")],
+     "duplicate key 'training'"),
+    ("learning rate nan", lambda w: ["train", str(recipe(w, "nan")), "training.learning_rate=nan"],
+     "training.learning_rate must be a finite number"),
+    ("learning rate inf in the yaml",
+     lambda w: ["train", str(recipe(w, "inf", training={"learning_rate": float("inf")}))],
+     "training.learning_rate must be a finite number"),
+    ("adam_eps negative", lambda w: ["train", str(recipe(w, "eps", training={"adam_eps": -1.0}))],
+     "training.adam_eps must be in (0.0, inf)"),
+    ("seed negative", lambda w: ["train", str(recipe(w, "seed", training={"seed": -1}))], "training.seed must be in"),
+    ("lora loss weight nan", lambda w: ["train", str(recipe(w, "lw")), "lora.kl_weight=nan"],
+     "lora.kl_weight must be a finite number"),
+    ("data.max_length above the target's context",
+     lambda w: ["train", str(recipe(w, "ctx", data={"max_length": 100000}))], "context of"),
+    ("tracking project outside the output folder",
+     lambda w: ["train", str(recipe(w, "proj", tracking={"backend": "tensorboard", "project": "../../.."}))],
+     "tracking.project must be a plain name"),
+    ("dry run with a missing data.path",
+     lambda w: ["train", str(recipe(w, "drm", data={"path": str(w / "nope.jsonl"), "max_length": 256})),
+                "--dry-run"], "does not exist"),
+    ("eval with temperature inf", lambda w: _eval(w, "fresh-e6", "--temperature", "inf"), "finite"),
+    ("regenerate with temperature nan",
+     lambda w: ["regenerate", "--model", str(w / "target"), "--data", str(w / "conversations.jsonl"), "--out",
+                str(w / "fresh-regen-nan.jsonl"), "--temperature", "nan"], "--temperature must be a finite number"),
+    ("regenerate --out an existing file",
+     lambda w: ["regenerate", "--model", str(w / "target"), "--data", str(w / "conversations.jsonl"), "--out",
+                str(w / "protected" / "keep.txt")], "exists already"),
+    ("regenerate --out a folder",
+     lambda w: ["regenerate", "--model", str(w / "target"), "--data", str(w / "conversations.jsonl"), "--out",
+                str(w / "protected")], "is a folder"),
+    ("export of all-NaN head weights",
+     lambda w: ["export", str(w / "head-nan"), "--format", "vllm", "--out", str(w / "fresh-x3")], "NaN"),
+    # -- tracebacks before issue 15
+    ("output.dir is a file", lambda w: ["train", str(recipe(w, "odf", output={"dir": str(w / "a-file")}))],
+     "is a file"),
+    ("output.dir under a file",
+     lambda w: ["train", str(recipe(w, "odu", output={"dir": str(w / "a-file" / "out")}))], "not a folder"),
+    ("output.dir with a 300-character name",
+     lambda w: ["train", str(recipe(w, "long", output={"dir": str(w / ("n" * 300))}))], "shorten the path"),
+    ("--num-processes negative", lambda w: ["train", str(recipe(w, "np")), "--num-processes", "-3"],
+     "--num-processes must be at least 1"),
+    ("non-UTF-8 JSONL", lambda w: ["train", str(recipe(w, "l1", data={"path": str(w / "latin1.jsonl"),
+                                                                      "format": "auto"}))], "not UTF-8"),
+    ("data cache folder under a file",
+     lambda w: ["train", str(recipe(w, "cache", data={"cache_dir": str(w / "a-file" / "cache")}))],
+     "cannot write the data cache folder"),
+    ("head_config with a null target (export)",
+     lambda w: ["export", str(w / "head-null-target"), "--format", "native", "--out", str(w / "fresh-x4")],
+     "'target' is NoneType"),
+    ("head_config with a null target (eval)",
+     lambda w: ["eval", "--target", str(w / "target"), "--head", str(w / "head-null-target"), "--prompts",
+                str(w / "prompts.jsonl"), "--out", str(w / "fresh-e7")], "'target' is NoneType"),
+    ("eval --device that is no device", lambda w: _eval(w, "fresh-e8", "--device", "gpu0"),
+     "is not a torch device name"),
+    ("eval --out an existing report", lambda w: _eval(w, "protected"), "is not empty"),
+    ("eval --out with a 300-character name", lambda w: _eval(w, "e" * 300), "shorten the path"),
+    ("export with a report of wrong field types",
+     lambda w: ["export", str(w / "head"), "--format", "native", "--out", str(w / "fresh-x5"), "--report",
+                str(w / "report-bad-types")], "not a `specgraft eval` report"),
+    ("simulate with a report of wrong field types",
+     lambda w: ["simulate", "--report", str(w / "report-bad-sim"), "--cost-ratio", "0.1"],
+     "not a `specgraft eval` report"),
+    ("demo --out a file", lambda w: ["demo", "--quick", "--out", str(w / "a-file")], "is a file"),
+    ("demo --threads -1", lambda w: ["demo", "--quick", "--out", str(w / "fresh-d"), "--threads", "-1"],
+     "--threads must be at least 1"),
+    # -- export metadata
+    ("export --base-model that is a local path",
+     lambda w: ["export", str(w / "head"), "--format", "vllm", "--out", str(w / "fresh-x6"), "--base-model",
+                str(w / "target")], "is not a Hub repo id"),
+    ("export with the report of another drafter",
+     lambda w: ["export", str(w / "head"), "--format", "vllm", "--out", str(w / "fresh-x7"), "--report",
+                str(w / "eval-self")], "measured the self drafter"),
+    ("push of an export whose target is a local path",
+     lambda w: ["push", str(w / "export-local-base"), "--repo-id", "org/name", "--dry-run"], "--base-model ORG/NAME"),
 ]
+if not torch.cuda.is_available():
+    CASES.append(("eval --device cuda without CUDA", lambda w: _eval(w, "fresh-e9", "--device", "cuda"),
+                  "sees no CUDA GPU"))
+if importlib.util.find_spec("wandb") is None:
+    CASES.append(("wandb tracking without wandb",
+                  lambda w: ["train", str(recipe(w, "wb", tracking={"backend": "wandb"}))], "wandb is not installed"))
 
 
 def _write(path: Path, text: str) -> str:
@@ -175,7 +310,7 @@ def _write(path: Path, text: str) -> str:
 
 
 def test_catalogue_is_large_enough():
-    assert len(CASES) >= 20
+    assert len(CASES) >= 60
     assert len({c[0] for c in CASES}) == len(CASES)
 
 

@@ -13,6 +13,8 @@ import shutil
 import subprocess
 import sys
 
+from specgraft.errors import SpecgraftError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser, "recipes/medusa/, recipes/eagle/, recipes/eagle3/")
@@ -49,6 +51,8 @@ def run_job(args: argparse.Namespace, trainer_cls: type, module: str, describe) 
     from specgraft.config import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)  # fail fast, before starting anything heavy
+    if args.num_processes is not None and args.num_processes < 1:
+        raise SpecgraftError(f"--num-processes must be at least 1, got {args.num_processes}")
     if args.dry_run:
         from specgraft.train.dry_run import dry_run_recipe
 

@@ -56,9 +56,11 @@ SYNTHETIC_CONVERSATIONS = [
 
 def dry_run_recipe(recipe: Recipe, trainer_cls: Any = None) -> dict[str, Any]:
     """Run one training step of ``recipe`` against a tiny random stand-in of its target; returns a summary."""
+    from specgraft.data.readers import source_files
     from specgraft.train.trainer import HeadTrainer
 
     trainer_cls = trainer_cls or HeadTrainer
+    source_files(recipe.data.path)  # the stand-in trains on synthetic data, but the real run needs this path
     model_type = guess_model_type(recipe.model.name_or_path)
     needed = max(recipe.head.feature_layers or [0])
     layers = max(4, needed + 3)
