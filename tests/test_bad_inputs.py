@@ -4,6 +4,7 @@ every existing output file unchanged."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import json
@@ -343,3 +344,164 @@ def test_real_process_exit_code_and_no_traceback(world):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: ") and "Traceback" not in proc.stderr
     assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1, proc.stderr
+
+
+# -- the error boundary: environment and library errors are one line too (issue 15) ---------------------------
+
+
+def _failing_command(monkeypatch, exc: BaseException) -> None:
+    """`specgraft recipe ...` raising ``exc`` from inside the command."""
+    import specgraft.recipe_cli as recipe_cli
+
+    def run(args):
+        raise exc
+
+    monkeypatch.setattr(recipe_cli, "run", run)
+
+
+def _one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(("exc", "words"), [
+    (OSError(errno.ENOSPC, "No space left on device", "/data/out/head.safetensors"),
+     "No space left on device (/data/out/head.safetensors); free disk space"),
+    (PermissionError(errno.EACCES, "Permission denied", "/ro/out"), "Permission denied (/ro/out); check the file's"),
+    (NotADirectoryError(errno.ENOTDIR, "Not a directory", "/a/file/x"), "a component of the path is a file"),
+    (OSError(errno.ENAMETOOLONG, "File name too long", "/x/" + "n" * 300), "shorten the path"),
+    (OSError(errno.EROFS, "Read-only file system", "/mnt/ro"), "read-only"),
+    (ValueError("Expected input batch_size (2) to match target batch_size (3)"),
+     "ValueError: Expected input batch_size (2) to match target batch_size (3); the input was rejected"),
+    (RuntimeError("shape '[2, -1]' is invalid for input of size 3"), "RuntimeError: shape"),
+    (AssertionError("cache row count mismatch"), "AssertionError: cache row count mismatch"),
+    (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), "UnicodeDecodeError:"),
+])
+def test_environment_and_library_errors_are_one_line(monkeypatch, capsys, exc, words):
+    _failing_command(monkeypatch, exc)
+    assert cli_main(["recipe", "check", "x.yaml"]) == 2
+    err = capsys.readouterr().err
+    line = _one_error_line(err)
+    assert words in line and "Traceback" not in err
+    if not isinstance(exc, OSError):
+        assert "rerun with -v for the traceback" in line
+
+
+def test_verbose_adds_the_traceback(monkeypatch, capsys):
+    _failing_command(monkeypatch, ValueError("a real bug"))
+    assert cli_main(["-v", "recipe", "check", "x.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "raise exc" in err
+    assert err.strip().splitlines()[-1].startswith("error: ValueError: a real bug")
+
+
+@pytest.mark.parametrize(("command", "hint"), [
+    ("train", "continue from the last checkpoint with `specgraft train r.yaml --resume`"),
+    ("recipe", "rerun the command"),
+])
+def test_interrupt_names_the_actual_rerun(monkeypatch, capsys, command, hint):
+    import specgraft.recipe_cli as recipe_cli
+    import specgraft.train.cli as train_cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_cli if command == "train" else recipe_cli, "run", interrupted)
+    argv = ["train", "r.yaml"] if command == "train" else ["recipe", "check", "r.yaml"]
+    assert cli_main(argv) == 130
+    assert hint in _one_error_line(capsys.readouterr().err)
+
+
+def test_error_after_a_progress_bar_starts_its_own_line(monkeypatch, capsys):
+    from tqdm.auto import tqdm
+
+    from specgraft.errors import SpecgraftError
+
+    def fails_mid_bar(args):
+        bar = tqdm(total=3, desc="train medusa")
+        bar.update(1)
+        raise SpecgraftError("the loss became nan at step 2")
+
+    import specgraft.recipe_cli as recipe_cli
+
+    monkeypatch.setattr(recipe_cli, "run", fails_mid_bar)
+    assert cli_main(["recipe", "check", "x.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert _one_error_line(err) == "error: the loss became nan at step 2"
+    assert not [line for line in err.splitlines() if "error:" in line and not line.startswith("error:")]
+
+
+# -- runs that fail, resume and rerun --------------------------------------------------------------------------
+
+
+def test_failed_start_does_not_block_the_plain_rerun(world, capsys):
+    """A run that fails before its first checkpoint (here: the loss becomes inf at once) leaves only the resolved
+    recipe; rerunning the same command without --resume trains instead of refusing the folder."""
+    out = world / "fresh-failed-start"
+    diverging = recipe(world, "diverge", training={"learning_rate": 1e30, "max_steps": 3},
+                       output={"dir": str(out)})
+    assert cli_main(["train", str(diverging), "--no-progress"]) == 2
+    assert "the loss became" in _one_error_line(capsys.readouterr().err)
+    assert sorted(p.name for p in out.iterdir()) == ["recipe.yaml"]
+    fixed = recipe(world, "diverge", training={"learning_rate": 1e-3, "max_steps": 1}, output={"dir": str(out)})
+    assert cli_main(["train", str(fixed), "--no-progress"]) == 0
+    assert (out / "head" / "head.safetensors").is_file()
+    # A folder holding anything else is still refused.
+    (world / "fresh-user-files").mkdir()
+    (world / "fresh-user-files" / "recipe.yaml").write_text("my: notes\n")
+    mine = recipe(world, "mine", output={"dir": str(world / "fresh-user-files")})
+    assert cli_main(["train", str(mine), "--no-progress"]) == 2
+    assert "is not empty" in _one_error_line(capsys.readouterr().err)
+    assert (world / "fresh-user-files" / "recipe.yaml").read_text() == "my: notes\n"
+
+
+def test_resume_with_max_steps_below_the_checkpoint_is_refused(world, capsys):
+    out = world / "fresh-resume"
+    path = recipe(world, "resume", training={"max_steps": 2, "checkpoint_every": 1}, output={"dir": str(out)})
+    assert cli_main(["train", str(path), "--no-progress"]) == 0
+    before = snapshot(out)
+    assert cli_main(["train", str(path), "training.max_steps=1", "--resume", "--no-progress"]) == 2
+    assert "training.max_steps is 1 but checkpoint" in _one_error_line(capsys.readouterr().err)
+    assert snapshot(out) == before  # the saved recipe still says what the checkpoints are
+
+
+# -- eval --out: never replaced silently, one writer at a time -------------------------------------------------
+
+
+def test_eval_overwrite_and_lock(world, capsys):
+    from specgraft.utils.io import output_lock
+
+    out = world / "fresh-eval-lock"
+    assert cli_main(_eval(world, out.name)) == 0
+    first = snapshot(out)
+    assert cli_main(_eval(world, out.name)) == 2
+    assert "is not empty" in _one_error_line(capsys.readouterr().err)
+    assert snapshot(out) == first
+    with output_lock(out):  # another eval writing there right now
+        assert cli_main(_eval(world, out.name, "--overwrite")) == 2
+        assert "another specgraft process is writing to" in _one_error_line(capsys.readouterr().err)
+    assert snapshot(out) == first
+    assert cli_main(_eval(world, out.name, "--overwrite", "--max-new-tokens", "3")) == 0
+    assert json.loads((out / "report.json").read_text())["settings"]["max_new_tokens"] == 3
+
+
+# -- the tokenized-data cache is keyed by content ---------------------------------------------------------------
+
+
+def test_data_cache_sees_an_edit_with_the_same_size_and_mtime(tmp_path):
+    from specgraft.config import DataConfig
+    from specgraft.data import build_dataset
+
+    data = tmp_path / "data.txt"
+    data.write_text("aaaa bbbb cccc dddd " * 10)
+    stat = data.stat()
+    cfg = DataConfig(path=str(data), format="text", max_length=32, cache_dir=str(tmp_path / "cache"))
+    old_rows = build_dataset(cfg, tiny_tokenizer())["train"]["input_ids"]
+    data.write_text("zzzz yyyy xxxx wwww " * 10)  # same length
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert data.stat().st_size == stat.st_size and data.stat().st_mtime_ns == stat.st_mtime_ns
+    new_rows = build_dataset(cfg, tiny_tokenizer())["train"]["input_ids"]
+    assert list(new_rows) != list(old_rows)
+    text = tiny_tokenizer().decode(list(new_rows[0]))
+    assert "zzzz" in text and "aaaa" not in text
