@@ -3,7 +3,8 @@
 ``specgraft eval --target PATH (--head DIR | --draft DIR | --drafter self|random) --prompts FILE... --out DIR``
 decodes every prompt with the drafter and with plain decoding of the same target (the baseline), groups the
 results by domain and writes report.json, report.md, answers.jsonl and three PNG plots into ``--out`` (see
-:mod:`specgraft.eval.report`). Drafters:
+:mod:`specgraft.eval.report`): a new or empty folder (``--overwrite`` replaces an earlier report), locked while the
+run writes so that two evals cannot mix their files. Drafters:
 
 * ``--head DIR``: a trained head folder; the drafter class follows its ``head_type`` (medusa -> MedusaDrafter,
   eagle / eagle3 -> EagleDrafter). ``--k`` is the draft depth, ``--tree-size`` the tree's tokens including the root
