@@ -60,6 +60,8 @@ def run_job(args: argparse.Namespace, trainer_cls: type, module: str, describe) 
         print(f"dry run ok: {args.recipe} on a tiny random {summary['model_type']} "
               f"({summary['stand_in_layers']} layers): {summary['trainable_parameters']:,} trainable parameters, "
               f"{summary['optimizer_groups']} optimizer group(s), {summary['steps']} step")
+        if summary.get("data_problem"):
+            print(f"WARNING: the real run will fail here: {summary['data_problem']}", file=sys.stderr)
         return 0
     if args.num_processes or args.accelerate_config:
         return _launch(args, module)

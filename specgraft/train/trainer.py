@@ -277,6 +277,8 @@ class RecipeTrainer:
         """True when ``out`` holds nothing but what a run that failed before its first checkpoint wrote (the
         resolved recipe and the tracker's log folder): nothing to resume, so the plain rerun may start over."""
         allowed = {RECIPE_NAME, self.recipe.tracking.project}
+        if not ckpt.list_checkpoints(out):
+            allowed.add(ckpt.CHECKPOINTS_DIR)  # created before a first checkpoint that was never completed
         if any(p.name not in allowed for p in out.iterdir()) or not (out / RECIPE_NAME).is_file():
             return False
         from specgraft.config import load_recipe
