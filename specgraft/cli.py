@@ -2,17 +2,22 @@
 
 Subcommand modules are imported only when used (``specgraft --help`` stays fast). Each module exposes
 ``add_arguments(parser)`` and ``run(args) -> int``; its docstring's first line is the subcommand's help.
-A :class:`~specgraft.errors.SpecgraftError` is printed as one ``error:`` line (exit 2), never a traceback.
+A :class:`~specgraft.errors.SpecgraftError` is printed as one ``error:`` line (exit 2), never a traceback. So are
+the environment's errors (an ``OSError``: disk full, permission denied, a path component that is a file, a name too
+long) and the errors libraries raise on input they reject (``ValueError``, ``RuntimeError``, ...): those get the
+exception type and a hint to rerun with ``-v``, which adds the traceback (the case where they are a specgraft bug).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.util
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -32,6 +37,31 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recipe": ("specgraft.recipe_cli", "Validate recipes and print the fully resolved configuration."),
     "demo": ("specgraft.demo", "Run the end-to-end demo on the embedded default target (CPU, no downloads)."),
 }
+
+
+#: Errors a library raises on input it rejects (numpy/torch shape and value checks, pyarrow decoding, asserts in
+#: third-party loaders). They are reported as one line; ``-v`` adds the traceback for the case they are a bug.
+LIBRARY_ERRORS: tuple[type[BaseException], ...] = (ValueError, RuntimeError, AssertionError, TypeError, KeyError,
+                                                   IndexError, MemoryError)
+
+#: errno -> what the user can do about it.
+OS_ERROR_HINTS: dict[int, str] = {
+    errno.ENOSPC: "free disk space or write to another disk",
+    errno.EDQUOT: "free space within your disk quota or write elsewhere",
+    errno.EACCES: "check the file's permissions or choose a location you can write to",
+    errno.EPERM: "check the file's permissions or choose a location you can write to",
+    errno.EROFS: "the file system is read-only; choose a writable location",
+    errno.ENOTDIR: "a component of the path is a file, not a folder; fix the path",
+    errno.EISDIR: "the path is a folder; pass a file path",
+    errno.ENAMETOOLONG: "shorten the path (each name at most 255 bytes)",
+    errno.ENOENT: "check that the path exists",
+    errno.EEXIST: "remove it or choose another path",
+    errno.EMFILE: "too many open files; raise `ulimit -n` or close other programs",
+    errno.ENOMEM: "not enough memory; use smaller settings",
+}
+
+#: Subcommands whose runs keep checkpoints (an interrupted run continues with --resume).
+RESUMABLE_COMMANDS = ("train", "distill")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,11 +115,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except SpecgraftError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _report(f"error: {exc}")
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted; rerun the same command to resume where supported", file=sys.stderr)
+        _report(f"error: interrupted; {_rerun_hint(args.command, argv)}")
         return 130
+    except OSError as exc:
+        _report(f"error: {describe_os_error(exc)}", exc if args.verbose else None)
+        return 2
+    except LIBRARY_ERRORS as exc:
+        _report(f"error: {describe_library_error(exc, args.verbose)}", exc if args.verbose else None)
+        return 2
+
+
+def describe_os_error(exc: OSError) -> str:
+    """One line for an OSError: what failed, on which path, and what to do about it."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    where = f" ({exc.filename})" if exc.filename else ""
+    if exc.filename2:
+        where = f" ({exc.filename} -> {exc.filename2})"
+    hint = OS_ERROR_HINTS.get(exc.errno or -1, "check the path and the disk, then rerun")
+    return " ".join(f"{reason}{where}; {hint}".split())
+
+
+def describe_library_error(exc: BaseException, verbose: bool) -> str:
+    """One line for an error a library raised: its type and first message line, and how to get the traceback."""
+    lines = str(exc).strip().splitlines()
+    message = lines[0][:300] if lines else "no message"
+    hint = ("the traceback is above" if verbose else
+            "the input was rejected by a library; check the named input, or rerun with -v for the traceback "
+            "(and report it if the input is right)")
+    return f"{type(exc).__name__}: {message}; {hint}"
+
+
+def _rerun_hint(command: str, argv: Sequence[str]) -> str:
+    if command in RESUMABLE_COMMANDS:
+        again = " ".join(["specgraft", *argv, *([] if "--resume" in argv else ["--resume"])])
+        return f"continue from the last checkpoint with `{again}`"
+    return "rerun the command to start again"
+
+
+def _report(line: str, exc: BaseException | None = None) -> None:
+    """Print ``line`` on stderr on a line of its own (an open progress bar is closed first); the traceback of
+    ``exc`` before it when given (``-v``)."""
+    _close_progress_bars()
+    if exc is not None:
+        traceback.print_exception(exc, file=sys.stderr)
+    print(line, file=sys.stderr)
+
+
+def _close_progress_bars() -> None:
+    """Close tqdm bars left open by the failing command, so the error does not land on the bar's line."""
+    tqdm_module = sys.modules.get("tqdm.std")
+    if tqdm_module is None:
+        return
+    for bar in list(getattr(tqdm_module.tqdm, "_instances", ())):
+        bar.close()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ A recipe has sections ``model``, ``data``, ``head``, ``lora``, ``distill``, ``tr
 * an unknown key fails and suggests the nearest valid key,
 * a wrong type fails naming the expected type,
 * a missing required field fails naming it,
-* command-line overrides ``key.sub=value`` (values parsed as YAML) are applied before validation.
+* command-line overrides ``key.sub=value`` (values parsed as YAML) are applied before validation,
+* a number must be finite (NaN passes every range check, since each comparison with NaN is false),
+* YAML aliases (``*name``) and duplicate keys are refused: an alias lets a few hundred bytes expand to gigabytes,
+  and with a duplicate key the last one silently wins.
 
 The fully resolved recipe is written beside every output with :func:`save_recipe`.
 """
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -84,6 +89,7 @@ class DataConfig:
         _check_range(f"{path}.eval_fraction", self.eval_fraction, 0.0, 1.0, high_open=True)
         _check_positive(f"{path}.regenerate_max_new_tokens", self.regenerate_max_new_tokens)
         _check_range(f"{path}.regenerate_temperature", self.regenerate_temperature, 0.0, None)
+        _check_range(f"{path}.seed", self.seed, 0, None)
 
 
 @dataclass
@@ -131,6 +137,13 @@ class HeadConfig:
         if self.draft_vocab_heldout_every < 0 or self.draft_vocab_heldout_every == 1:
             raise ConfigError(f"{path}.draft_vocab_heldout_every is {self.draft_vocab_heldout_every}; use 0 (no "
                               "hold-out) or 2 or more (every n-th row held out)")
+        _check_range(f"{path}.feature_loss_weight", self.feature_loss_weight, 0.0, None)
+        _check_range(f"{path}.logit_loss_weight", self.logit_loss_weight, 0.0, None)
+        if self.feature_layers is not None:
+            # Checked against the target's depth when it is loaded; this bound keeps a typo from building a
+            # stand-in with that many layers first (the deepest open models have a few hundred).
+            for i, layer in enumerate(self.feature_layers):
+                _check_range(f"{path}.feature_layers[{i}]", layer, 0, MAX_LAYER_INDEX)
 
 
 @dataclass
@@ -157,6 +170,10 @@ class LoraConfig:
         _check_positive(f"{path}.alpha", self.alpha)
         _check_range(f"{path}.dropout", self.dropout, 0.0, 1.0, high_open=True)
         _check_range(f"{path}.head_warmup_steps", self.head_warmup_steps, 0, None)
+        for name in ("lm_loss_weight", "head_loss_weight", "kl_weight"):
+            _check_range(f"{path}.{name}", getattr(self, name), 0.0, None)
+        if self.learning_rate is not None:
+            _check_range(f"{path}.learning_rate", self.learning_rate, 0.0, None, low_open=True)
 
 
 @dataclass
@@ -189,6 +206,9 @@ class DistillConfig:
         _check_range(f"{path}.temperature", self.temperature, 0.0, None, low_open=True)
         _check_positive(f"{path}.keep_every_k_layers", self.keep_every_k_layers)
         _check_positive(f"{path}.alpha_eval_every", self.alpha_eval_every)
+        _check_positive(f"{path}.onpolicy_max_new_tokens", self.onpolicy_max_new_tokens)
+        if self.student_hidden_size is not None:
+            _check_positive(f"{path}.student_hidden_size", self.student_hidden_size)
 
 
 @dataclass
@@ -224,6 +244,9 @@ class TrainingConfig:
     """Storage dtype of an offline feature cache: bfloat16 | float16 (float32: exact, for tests and debugging)."""
 
     def validate(self, path: str) -> None:
+        # torch's manual_seed takes seeds in [0, 2**64); numpy's (datasets' shuffles) in [0, 2**32).
+        _check_range(f"{path}.seed", self.seed, 0, MAX_SEED)
+        _check_range(f"{path}.adam_eps", self.adam_eps, 0.0, None, low_open=True)
         _check_positive(f"{path}.max_steps", self.max_steps)
         _check_positive(f"{path}.micro_batch_size", self.micro_batch_size)
         _check_positive(f"{path}.gradient_accumulation_steps", self.gradient_accumulation_steps)
@@ -235,7 +258,7 @@ class TrainingConfig:
         _check_positive(f"{path}.keep_checkpoints", self.keep_checkpoints)
         _check_positive(f"{path}.log_every", self.log_every)
         _check_range(f"{path}.eval_every", self.eval_every, 0, None)
-        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+        if len(self.adam_betas) != 2 or not all(math.isfinite(b) and 0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"{path}.adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
         _check_choice(f"{path}.lr_scheduler", self.lr_scheduler, ("cosine", "linear", "constant"))
         _check_choice(f"{path}.mixed_precision", self.mixed_precision, ("no", "bf16", "fp16"))
@@ -263,6 +286,12 @@ class TrackingConfig:
 
     def validate(self, path: str) -> None:
         _check_choice(f"{path}.backend", self.backend, ("tensorboard", "wandb", "none"))
+        # The trackers write under output.dir/<project>[/<run_name>]: a path there would write elsewhere.
+        for name in ("project", "run_name"):
+            value = getattr(self, name)
+            if value is not None and not _PLAIN_NAME.fullmatch(value):
+                raise ConfigError(f"{path}.{name} must be a plain name (letters, digits, '.', '_', '-'; no '/' or "
+                                  f"'..'), got {value!r}; the tracker writes it as a folder inside output.dir")
 
 
 @dataclass
@@ -284,6 +313,43 @@ class Recipe:
 # ----------------------------------------------------------------------------------------------------------------
 # Loading
 
+#: Largest output_hidden_states index a recipe may name (the deepest open models have a few hundred layers).
+MAX_LAYER_INDEX = 4096
+#: Largest seed: numpy (datasets' shuffles) takes seeds below 2**32.
+MAX_SEED = 2**32 - 1
+#: A tracker project / run name: one folder name, no path.
+_PLAIN_NAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.-][A-Za-z0-9_. -]*")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses aliases (a 300-byte alias bomb expands to gigabytes) and duplicate keys
+    (the last one would silently win)."""
+
+    def compose_node(self, parent, index):  # noqa: ANN001, ANN201 (PyYAML's signature)
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.constructor.ConstructorError(
+                None, None, f"alias *{event.anchor} is not allowed in recipes; write the value out",
+                event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001, ANN201
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping", node.start_mark,
+                        f"duplicate key {key!r}; keep one (the last would silently win)", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_load_yaml(text: str) -> Any:
+    """Parse YAML with :class:`_StrictLoader` (no aliases, no duplicate keys, plain data only)."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (_StrictLoader is a SafeLoader)
+
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = (), schema: type = Recipe) -> Any:
     """Read a YAML recipe, apply ``key.sub=value`` overrides and return the validated ``schema`` instance."""
@@ -291,7 +357,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (), schema: type = 
     if not path.is_file():
         raise ConfigError(f"recipe file {path} does not exist; pass the path of a YAML recipe (see recipes/)")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = safe_load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -316,7 +382,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value; e.g. training.max_steps=100")
         try:
-            value = yaml.safe_load(value_text) if value_text.strip() else None
+            value = safe_load_yaml(value_text) if value_text.strip() else None
         except yaml.YAMLError:
             value = value_text
         node = result
@@ -408,16 +474,23 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            raise ConfigError(f"{path} must be an integer, got {value!r}; write {int(value)}")
         raise ConfigError(f"{path} must be an integer, got {_tname(value)} {value!r}")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:  # YAML 1.1 reads "1e-3" as a string
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{path} must be a number, got {_tname(value)} {value!r}")
+        if number is None:
+            raise ConfigError(f"{path} must be a number, got {_tname(value)} {value!r}")
+        if not math.isfinite(number):
+            raise ConfigError(f"{path} must be a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -446,12 +519,14 @@ def _check_choice(path: str, value: str, choices: Sequence[str]) -> None:
 
 
 def _check_positive(path: str, value: int | float) -> None:
-    if value <= 0:
+    if not value > 0:  # also false for NaN
         raise ConfigError(f"{path} must be positive, got {value}")
 
 
 def _check_range(path: str, value: float, low: float | None, high: float | None,
                  low_open: bool = False, high_open: bool = False) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{path} must be a finite number, got {value}")
     too_low = low is not None and (value <= low if low_open else value < low)
     too_high = high is not None and (value >= high if high_open else value > high)
     if too_low or too_high:

@@ -58,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    if args.threads is not None and args.threads < 1:
+        raise SpecgraftError(f"--threads must be at least 1, got {args.threads}")
+    if out.exists() and not out.is_dir():
+        raise SpecgraftError(f"demo --out {out} is a file; pass a folder (it is created)")
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise SpecgraftError(f"demo output folder {out} is not empty; pass --overwrite or choose another --out")
     summary = run_demo(out, QUICK if args.quick else FULL, threads=args.threads, skip=set(args.skip),

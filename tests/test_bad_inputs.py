@@ -4,7 +4,9 @@ every existing output file unchanged."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,7 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file, save_file
 
 from specgraft.cli import main as cli_main
 from specgraft.config import HeadConfig
@@ -66,7 +70,50 @@ def world(tmp_path_factory):
     protected = root / "protected"
     protected.mkdir()
     (protected / "keep.txt").write_text("user data")
+
+    # Issue 15's cases.
+    (root / "a-file").write_text("not a folder")
+    (root / "latin1.jsonl").write_bytes(json.dumps({"text": "caf\u00e9"}, ensure_ascii=False).encode("latin-1")
+                                        + b"\n")
+    (root / "conversations.jsonl").write_text(json.dumps({"messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}) + "\n")
+    null_target = root / "head-null-target"
+    head.save_pretrained(null_target)
+    meta = json.loads((null_target / "head_config.json").read_text())
+    (null_target / "head_config.json").write_text(json.dumps({**meta, "target": None}))
+    nan_head = root / "head-nan"
+    head.save_pretrained(nan_head)
+    weights = load_file(str(nan_head / "head.safetensors"))
+    save_file({k: torch.full_like(v, float("nan")) for k, v in weights.items()}, str(nan_head / "head.safetensors"))
+    bad_types = root / "report-bad-types"
+    bad_types.mkdir()
+    (bad_types / "report.json").write_text(json.dumps({"drafter": "medusa", "overall": [1], "domains": "x",
+                                                       "plots": [1], "settings": 3}))
+    sim_types = root / "report-bad-sim"
+    sim_types.mkdir()
+    (sim_types / "report.json").write_text(json.dumps({"overall": {"acceptance_by_depth": "abc"}, "drafter": 3}))
+    self_report = root / "eval-self"
+    self_report.mkdir()
+    (self_report / "report.json").write_text(json.dumps({"drafter": {"type": "self", "path": None},
+                                                         "overall": {"tau": 5.0}, "domains": {}}))
+    from specgraft.export import export_head
+
+    export_head(root / "head", "vllm", root / "export-local-base")  # target recorded as a local path
     return root
+
+
+def _alias_bomb(path: Path) -> str:
+    """367 bytes of YAML that a plain safe_load expands to 9**9 strings."""
+    lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+    for i in range(1, 9):
+        prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
+        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
+    return _write(path, "\n".join(lines) + "\n")
+
+
+def _eval(w: Path, out: str, *extra: str) -> list[str]:
+    return ["eval", "--target", str(w / "target"), "--drafter", "self", "--prompts", str(w / "prompts.jsonl"),
+            "--out", str(w / out), "--max-new-tokens", "2", "--warmup", "0", "--no-progress", *extra]
 
 
 def recipe(world: Path, name: str, **sections) -> Path:
@@ -134,7 +181,7 @@ CASES = [
      "llama2.c"),
     ("regenerate with a missing model",
      lambda w: ["regenerate", "--model", str(w / "x"), "--data", str(w / "no_assistant.jsonl"), "--out",
-                str(w / "protected" / "keep.txt")], "does not exist"),
+                str(w / "fresh-regen.jsonl")], "does not exist"),
     ("eval with an empty prompt file",
      lambda w: ["eval", "--target", str(w / "target"), "--drafter", "self", "--prompts",
                 str(w / "prompts_empty.jsonl"), "--out", str(w / "protected")], "empty"),
@@ -166,7 +213,93 @@ CASES = [
      "token"),
     ("simulate with alpha > 1", lambda w: ["simulate", "--alpha", "1.5", "--draft-length", "4", "--cost-ratio",
                                            "0.1"], "alpha"),
+    # -- issue 15: bounded sizes, checked before anything is allocated
+    ("yaml alias bomb", lambda w: ["recipe", "check", _alias_bomb(w / "bomb.yaml")], "alias *a is not allowed"),
+    ("simulate with a billion-token draft", lambda w: ["simulate", "--alpha", "0.8", "--draft-length", "1000000000",
+                                                       "--cost-ratio", "0.1"], "draft length must be at most"),
+    ("dry run with a 100k-layer feature index",
+     lambda w: ["train", str(recipe(w, "fl", head={"type": "eagle3", "feature_layers": [1, 2, 100000]})),
+                "--dry-run"], "head.feature_layers[2] must be in [0, 4096]"),
+    # -- silent wrong results
+    ("duplicate yaml key", lambda w: ["recipe", "check", _write(w / "dup.yaml", recipe(w, "dk").read_text()
+                                                                + "training:\n  max_steps: 5\n")],
+     "duplicate key 'training'"),
+    ("learning rate nan", lambda w: ["train", str(recipe(w, "nan")), "training.learning_rate=nan"],
+     "training.learning_rate must be a finite number"),
+    ("learning rate inf in the yaml",
+     lambda w: ["train", str(recipe(w, "inf", training={"learning_rate": float("inf")}))],
+     "training.learning_rate must be a finite number"),
+    ("adam_eps negative", lambda w: ["train", str(recipe(w, "eps", training={"adam_eps": -1.0}))],
+     "training.adam_eps must be in (0.0, inf)"),
+    ("seed negative", lambda w: ["train", str(recipe(w, "seed", training={"seed": -1}))], "training.seed must be in"),
+    ("lora loss weight nan", lambda w: ["train", str(recipe(w, "lw")), "lora.kl_weight=nan"],
+     "lora.kl_weight must be a finite number"),
+    ("data.max_length above the target's context",
+     lambda w: ["train", str(recipe(w, "ctx", data={"max_length": 100000}))], "context of"),
+    ("tracking project outside the output folder",
+     lambda w: ["train", str(recipe(w, "proj", tracking={"backend": "tensorboard", "project": "../../.."}))],
+     "tracking.project must be a plain name"),
+    ("eval with temperature inf", lambda w: _eval(w, "fresh-e6", "--temperature", "inf"), "finite"),
+    ("regenerate with temperature nan",
+     lambda w: ["regenerate", "--model", str(w / "target"), "--data", str(w / "conversations.jsonl"), "--out",
+                str(w / "fresh-regen-nan.jsonl"), "--temperature", "nan"], "--temperature must be a finite number"),
+    ("regenerate --out an existing file",
+     lambda w: ["regenerate", "--model", str(w / "target"), "--data", str(w / "conversations.jsonl"), "--out",
+                str(w / "protected" / "keep.txt")], "exists already"),
+    ("regenerate --out a folder",
+     lambda w: ["regenerate", "--model", str(w / "target"), "--data", str(w / "conversations.jsonl"), "--out",
+                str(w / "protected")], "is a folder"),
+    ("export of all-NaN head weights",
+     lambda w: ["export", str(w / "head-nan"), "--format", "vllm", "--out", str(w / "fresh-x3")], "NaN"),
+    # -- tracebacks before issue 15
+    ("output.dir is a file", lambda w: ["train", str(recipe(w, "odf", output={"dir": str(w / "a-file")}))],
+     "is a file"),
+    ("output.dir under a file",
+     lambda w: ["train", str(recipe(w, "odu", output={"dir": str(w / "a-file" / "out")}))], "not a folder"),
+    ("output.dir with a 300-character name",
+     lambda w: ["train", str(recipe(w, "long", output={"dir": str(w / ("n" * 300))}))], "shorten the path"),
+    ("--num-processes negative", lambda w: ["train", str(recipe(w, "np")), "--num-processes", "-3"],
+     "--num-processes must be at least 1"),
+    ("non-UTF-8 JSONL", lambda w: ["train", str(recipe(w, "l1", data={"path": str(w / "latin1.jsonl"),
+                                                                      "format": "auto"}))], "not UTF-8"),
+    ("data cache folder under a file",
+     lambda w: ["train", str(recipe(w, "cache", data={"cache_dir": str(w / "a-file" / "cache")}))],
+     "cannot write the data cache folder"),
+    ("head_config with a null target (export)",
+     lambda w: ["export", str(w / "head-null-target"), "--format", "native", "--out", str(w / "fresh-x4")],
+     "'target' is NoneType"),
+    ("head_config with a null target (eval)",
+     lambda w: ["eval", "--target", str(w / "target"), "--head", str(w / "head-null-target"), "--prompts",
+                str(w / "prompts.jsonl"), "--out", str(w / "fresh-e7")], "'target' is NoneType"),
+    ("eval --device that is no device", lambda w: _eval(w, "fresh-e8", "--device", "gpu0"),
+     "is not a torch device name"),
+    ("eval --out an existing report", lambda w: _eval(w, "protected"), "is not empty"),
+    ("eval --out with a 300-character name", lambda w: _eval(w, "e" * 300), "shorten the path"),
+    ("export with a report of wrong field types",
+     lambda w: ["export", str(w / "head"), "--format", "native", "--out", str(w / "fresh-x5"), "--report",
+                str(w / "report-bad-types")], "not a `specgraft eval` report"),
+    ("simulate with a report of wrong field types",
+     lambda w: ["simulate", "--report", str(w / "report-bad-sim"), "--cost-ratio", "0.1"],
+     "not a `specgraft eval` report"),
+    ("demo --out a file", lambda w: ["demo", "--quick", "--out", str(w / "a-file")], "is a file"),
+    ("demo --threads -1", lambda w: ["demo", "--quick", "--out", str(w / "fresh-d"), "--threads", "-1"],
+     "--threads must be at least 1"),
+    # -- export metadata
+    ("export --base-model that is a local path",
+     lambda w: ["export", str(w / "head"), "--format", "vllm", "--out", str(w / "fresh-x6"), "--base-model",
+                str(w / "target")], "is not a Hub repo id"),
+    ("export with the report of another drafter",
+     lambda w: ["export", str(w / "head"), "--format", "vllm", "--out", str(w / "fresh-x7"), "--report",
+                str(w / "eval-self")], "measured the self drafter"),
+    ("push of an export whose target is a local path",
+     lambda w: ["push", str(w / "export-local-base"), "--repo-id", "org/name", "--dry-run"], "--base-model ORG/NAME"),
 ]
+if not torch.cuda.is_available():
+    CASES.append(("eval --device cuda without CUDA", lambda w: _eval(w, "fresh-e9", "--device", "cuda"),
+                  "sees no CUDA GPU"))
+if importlib.util.find_spec("wandb") is None:
+    CASES.append(("wandb tracking without wandb",
+                  lambda w: ["train", str(recipe(w, "wb", tracking={"backend": "wandb"}))], "wandb is not installed"))
 
 
 def _write(path: Path, text: str) -> str:
@@ -175,7 +308,7 @@ def _write(path: Path, text: str) -> str:
 
 
 def test_catalogue_is_large_enough():
-    assert len(CASES) >= 20
+    assert len(CASES) >= 60
     assert len({c[0] for c in CASES}) == len(CASES)
 
 
@@ -208,3 +341,174 @@ def test_real_process_exit_code_and_no_traceback(world):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: ") and "Traceback" not in proc.stderr
     assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1, proc.stderr
+
+
+# -- the error boundary: environment and library errors are one line too (issue 15) ---------------------------
+
+
+def _failing_command(monkeypatch, exc: BaseException) -> None:
+    """`specgraft recipe ...` raising ``exc`` from inside the command."""
+    import specgraft.recipe_cli as recipe_cli
+
+    def run(args):
+        raise exc
+
+    monkeypatch.setattr(recipe_cli, "run", run)
+
+
+def _one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(("exc", "words"), [
+    (OSError(errno.ENOSPC, "No space left on device", "/data/out/head.safetensors"),
+     "No space left on device (/data/out/head.safetensors); free disk space"),
+    (PermissionError(errno.EACCES, "Permission denied", "/ro/out"), "Permission denied (/ro/out); check the file's"),
+    (NotADirectoryError(errno.ENOTDIR, "Not a directory", "/a/file/x"), "a component of the path is a file"),
+    (OSError(errno.ENAMETOOLONG, "File name too long", "/x/" + "n" * 300), "shorten the path"),
+    (OSError(errno.EROFS, "Read-only file system", "/mnt/ro"), "read-only"),
+    (ValueError("Expected input batch_size (2) to match target batch_size (3)"),
+     "ValueError: Expected input batch_size (2) to match target batch_size (3); the input was rejected"),
+    (RuntimeError("shape '[2, -1]' is invalid for input of size 3"), "RuntimeError: shape"),
+    (AssertionError("cache row count mismatch"), "AssertionError: cache row count mismatch"),
+    (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), "UnicodeDecodeError:"),
+])
+def test_environment_and_library_errors_are_one_line(monkeypatch, capsys, exc, words):
+    _failing_command(monkeypatch, exc)
+    assert cli_main(["recipe", "check", "x.yaml"]) == 2
+    err = capsys.readouterr().err
+    line = _one_error_line(err)
+    assert words in line and "Traceback" not in err
+    if not isinstance(exc, OSError):
+        assert "rerun with -v for the traceback" in line
+
+
+def test_verbose_adds_the_traceback(monkeypatch, capsys):
+    _failing_command(monkeypatch, ValueError("a real bug"))
+    assert cli_main(["-v", "recipe", "check", "x.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "raise exc" in err
+    assert err.strip().splitlines()[-1].startswith("error: ValueError: a real bug")
+
+
+@pytest.mark.parametrize(("command", "hint"), [
+    ("train", "continue from the last checkpoint with `specgraft train r.yaml --resume`"),
+    ("recipe", "rerun the command"),
+])
+def test_interrupt_names_the_actual_rerun(monkeypatch, capsys, command, hint):
+    import specgraft.recipe_cli as recipe_cli
+    import specgraft.train.cli as train_cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_cli if command == "train" else recipe_cli, "run", interrupted)
+    argv = ["train", "r.yaml"] if command == "train" else ["recipe", "check", "r.yaml"]
+    assert cli_main(argv) == 130
+    assert hint in _one_error_line(capsys.readouterr().err)
+
+
+def test_error_after_a_progress_bar_starts_its_own_line(monkeypatch, capsys):
+    from tqdm.auto import tqdm
+
+    from specgraft.errors import SpecgraftError
+
+    def fails_mid_bar(args):
+        bar = tqdm(total=3, desc="train medusa")
+        bar.update(1)
+        raise SpecgraftError("the loss became nan at step 2")
+
+    import specgraft.recipe_cli as recipe_cli
+
+    monkeypatch.setattr(recipe_cli, "run", fails_mid_bar)
+    assert cli_main(["recipe", "check", "x.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert _one_error_line(err) == "error: the loss became nan at step 2"
+    assert not [line for line in err.splitlines() if "error:" in line and not line.startswith("error:")]
+
+
+# -- runs that fail, resume and rerun --------------------------------------------------------------------------
+
+
+def test_failed_start_does_not_block_the_plain_rerun(world, capsys):
+    """A run that fails before its first checkpoint (here: the loss becomes inf at once) leaves only the resolved
+    recipe; rerunning the same command without --resume trains instead of refusing the folder."""
+    out = world / "fresh-failed-start"
+    diverging = recipe(world, "diverge", training={"learning_rate": 1e30, "max_steps": 3},
+                       output={"dir": str(out)})
+    assert cli_main(["train", str(diverging), "--no-progress"]) == 2
+    assert "the loss became" in _one_error_line(capsys.readouterr().err)
+    assert sorted(p.name for p in out.iterdir()) == ["recipe.yaml"]
+    fixed = recipe(world, "diverge", training={"learning_rate": 1e-3, "max_steps": 1}, output={"dir": str(out)})
+    assert cli_main(["train", str(fixed), "--no-progress"]) == 0
+    assert (out / "head" / "head.safetensors").is_file()
+    # A folder holding anything else is still refused.
+    (world / "fresh-user-files").mkdir()
+    (world / "fresh-user-files" / "recipe.yaml").write_text("my: notes\n")
+    mine = recipe(world, "mine", output={"dir": str(world / "fresh-user-files")})
+    assert cli_main(["train", str(mine), "--no-progress"]) == 2
+    assert "is not empty" in _one_error_line(capsys.readouterr().err)
+    assert (world / "fresh-user-files" / "recipe.yaml").read_text() == "my: notes\n"
+
+
+def test_resume_with_max_steps_below_the_checkpoint_is_refused(world, capsys):
+    out = world / "fresh-resume"
+    path = recipe(world, "resume", training={"max_steps": 2, "checkpoint_every": 1}, output={"dir": str(out)})
+    assert cli_main(["train", str(path), "--no-progress"]) == 0
+    before = snapshot(out)
+    assert cli_main(["train", str(path), "training.max_steps=1", "--resume", "--no-progress"]) == 2
+    assert "training.max_steps is 1 but checkpoint" in _one_error_line(capsys.readouterr().err)
+    assert snapshot(out) == before  # the saved recipe still says what the checkpoints are
+
+
+# -- eval --out: never replaced silently, one writer at a time -------------------------------------------------
+
+
+def test_eval_overwrite_and_lock(world, capsys):
+    from specgraft.utils.io import output_lock
+
+    out = world / "fresh-eval-lock"
+    assert cli_main(_eval(world, out.name)) == 0
+    first = snapshot(out)
+    assert cli_main(_eval(world, out.name)) == 2
+    assert "is not empty" in _one_error_line(capsys.readouterr().err)
+    assert snapshot(out) == first
+    with output_lock(out):  # another eval writing there right now
+        assert cli_main(_eval(world, out.name, "--overwrite")) == 2
+        assert "another specgraft process is writing to" in _one_error_line(capsys.readouterr().err)
+    assert snapshot(out) == first
+    assert cli_main(_eval(world, out.name, "--overwrite", "--max-new-tokens", "3")) == 0
+    assert json.loads((out / "report.json").read_text())["settings"]["max_new_tokens"] == 3
+
+
+# -- the tokenized-data cache is keyed by content ---------------------------------------------------------------
+
+
+def test_data_cache_sees_an_edit_with_the_same_size_and_mtime(tmp_path):
+    from specgraft.config import DataConfig
+    from specgraft.data import build_dataset
+
+    data = tmp_path / "data.txt"
+    data.write_text("aaaa bbbb cccc dddd " * 10)
+    stat = data.stat()
+    cfg = DataConfig(path=str(data), format="text", max_length=32, cache_dir=str(tmp_path / "cache"))
+    old_rows = build_dataset(cfg, tiny_tokenizer())["train"]["input_ids"]
+    data.write_text("zzzz yyyy xxxx wwww " * 10)  # same length
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert data.stat().st_size == stat.st_size and data.stat().st_mtime_ns == stat.st_mtime_ns
+    new_rows = build_dataset(cfg, tiny_tokenizer())["train"]["input_ids"]
+    assert list(new_rows) != list(old_rows)
+    text = tiny_tokenizer().decode(list(new_rows[0]))
+    assert "zzzz" in text and "aaaa" not in text
+
+
+def test_dry_run_says_when_the_data_path_is_missing(world, capsys):
+    """The stand-in trains on synthetic data (recipes are dry-run before the data is downloaded), so the dry run
+    passes, but it must not say "ok" without saying that the real run would fail."""
+    path = recipe(world, "drm", data={"path": str(world / "nope.jsonl"), "max_length": 256})
+    assert cli_main(["train", str(path), "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert "dry run ok" in captured.out
+    assert f"WARNING: the real run will fail here: data path {world / 'nope.jsonl'} does not exist" in captured.err

@@ -1,7 +1,7 @@
 """``build_dataset``: records -> tokenised, filtered, optionally packed and split training data, cached on disk.
 
-The result is cached in ``<cache_dir>/tokenized/<name>-<key>/`` where the key hashes the source files' identity
-(path, size, mtime), the tokenizer (vocabulary, specials, chat template) and every config field that changes the
+The result is cached in ``<cache_dir>/tokenized/<name>-<key>/`` where the key hashes the source files (path and
+SHA-256 of the contents), the tokenizer (vocabulary, specials, chat template) and every config field that changes the
 data. A second run with the same inputs loads the saved ``DatasetDict`` without touching the tokenizer; the log
 says ``data cache hit`` or ``data cache miss``. Intermediate ``map`` results use ``datasets``' own cache files with
 fingerprints derived from the same key.
@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import shutil
+import tempfile
 import time
 from collections import Counter
 from contextlib import AbstractContextManager, nullcontext
@@ -87,6 +88,7 @@ def build_dataset(cfg: DataConfig, tokenizer: Any, model: Any = None) -> dataset
             "`specgraft regenerate` and point data.path at its output with regenerate: false"
         )
     cache = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
+    _require_writable(cache)
     # Generation settings only matter when the data is regenerated.
     fields = {n: getattr(cfg, n) for n in KEY_FIELDS if cfg.regenerate or not n.startswith("regenerate_")}
     regen_key = _regenerate_key(cfg, tokenizer, model) if cfg.regenerate else None
@@ -141,6 +143,17 @@ def _check_config(cfg: DataConfig) -> None:
         raise SpecgraftError(f"data.eval_fraction is {cfg.eval_fraction}; use a value in [0, 1)")
     if cfg.num_samples is not None and cfg.num_samples < 1:
         raise SpecgraftError(f"data.num_samples is {cfg.num_samples}; use a positive count or leave it unset")
+
+
+def _require_writable(cache: Path) -> None:
+    """The cache folder must be creatable and writable (else datasets' errors read as a bad data file)."""
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=cache):
+            pass
+    except OSError as exc:
+        raise SpecgraftError(f"cannot write the data cache folder {cache} ({exc.strerror or exc}); set "
+                             "data.cache_dir to a writable folder") from None
 
 
 def _hash(obj: Any) -> str:

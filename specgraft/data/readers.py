@@ -8,7 +8,7 @@ Sources: ShareGPT JSON/JSONL (``conversations`` of ``from``/``value``), OpenAI-s
 ``content``), JSONL with a ``text`` field, ``.txt`` files (one document per blank-line-separated paragraph),
 folders written by ``datasets.save_to_disk`` (a Dataset, or a DatasetDict and a split), and folders of such files.
 Loading goes through ``datasets`` (``load_dataset("json"|"text")``, ``load_from_disk``) and the normalisation is
-a batched ``map`` whose result is cached under the fingerprint of the source files (path, size, mtime).
+a batched ``map`` whose result is cached under the fingerprint of the source files (path and content hash).
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from typing import Any
 import datasets
 
 from specgraft.errors import SpecgraftError
-from specgraft.utils.io import atomic_path, atomic_write_json
+from specgraft.utils.io import atomic_path, atomic_write_json, sha256_file
 
 logger = logging.getLogger(__name__)
 
 #: Bump when the normalised output of the same source changes (invalidates cached records).
-READER_VERSION = 1
+READER_VERSION = 2
 
 FORMATS = ("auto", "sharegpt", "messages", "text", "disk")
 #: Columns that identify a source's kind, in detection order.
@@ -102,12 +102,28 @@ def source_files(path: str | os.PathLike) -> list[Path]:
 
 
 def source_fingerprint(path: str | os.PathLike, format: str = "auto", split: str = "train") -> str:
-    """A hash of a source's identity: its files' absolute paths, sizes and modification times, plus format/split."""
+    """A hash of a source: its files' absolute paths and CONTENTS (SHA-256), plus format/split.
+
+    Contents, not size and mtime: a file edited in place keeps both when the edit is the same length and the
+    mtime is restored (rsync -t, git checkout, copying tools), and the cache would serve the old rows.
+    """
     parts: list[Any] = [READER_VERSION, format, split]
     for f in source_files(path):
-        st = f.stat()
-        parts.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
+        parts.append([str(f.resolve()), _content_hash(f)])
     return hashlib.sha256(json.dumps(parts).encode("utf-8")).hexdigest()
+
+
+#: (path, size, mtime_ns, ctime_ns, inode) -> SHA-256, so that one run hashes each file once. ctime cannot be set
+#: by the user and changes on every write or utime, so a stale entry cannot be hit after an edit.
+_CONTENT_HASHES: dict[tuple[str, int, int, int, int], str] = {}
+
+
+def _content_hash(f: Path) -> str:
+    st = f.stat()
+    key = (str(f.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    if key not in _CONTENT_HASHES:
+        _CONTENT_HASHES[key] = sha256_file(f)
+    return _CONTENT_HASHES[key]
 
 
 def load_records(
@@ -155,7 +171,8 @@ def load_records(
             raise SpecgraftError(f"{path} is empty; point data.path at a file with records")
         if empty:
             logger.warning("skipping %d empty file(s) in %s (e.g. %s)", len(empty), path, empty[0].name)
-        parts = [(f, _load_file(f, format, cache)) for f in files if f not in empty]
+        # datasets' own cache is keyed by path and mtime: key its folder by content too.
+        parts = [(f, _load_file(f, format, cache / key[:24])) for f in files if f not in empty]
 
     normalised: list[datasets.Dataset] = []
     kinds: set[str] = set()
@@ -219,6 +236,7 @@ def _load_file(f: Path, format: str, cache: Path) -> datasets.Dataset:
     name = f.name.lower()
     is_txt = name.endswith((".txt", ".txt.gz"))
     hf_cache = str(cache / "hf")
+    _require_utf8(f)
     try:
         if is_txt:
             # Paragraph mode splits on "\n\n"; _normalise re-splits on blank lines holding whitespace.
@@ -362,6 +380,25 @@ def _salvaged_array(f: Path, cache: Path) -> Path:
         raise SpecgraftError(f"{f} is a JSON array cut off before its first record ended; re-download the file")
     logger.warning("%s", info.describe(f))
     return lines
+def _require_utf8(f: Path) -> None:
+    """Data files must be UTF-8: pyarrow's JSON reader passes invalid bytes through and its text reader fails
+    later with a bare UnicodeDecodeError. Checked in blocks (compressed files are checked by their reader)."""
+    if f.name.lower().endswith(".gz"):
+        return
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(f, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as exc:
+                raise SpecgraftError(f"{f} is not UTF-8 text (invalid byte at offset {offset + exc.start}); "
+                                     "re-encode it as UTF-8, e.g. `iconv -f latin1 -t utf-8`") from None
+            offset += len(block)
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise SpecgraftError(f"{f} is not UTF-8 text (it ends inside a character); re-encode it as UTF-8") from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -103,6 +104,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_threads_argument(parser)
 
 
+def _check_out_path(out: Path) -> None:
+    """``--out`` must be a new file, or the output of an unfinished run (its ``.parts`` folder exists)."""
+    if out.is_dir():
+        raise SpecgraftError(f"--out {out} is a folder; pass the path of the JSONL file to write")
+    if out.exists() and not out.with_name(out.name + ".parts").exists():
+        raise SpecgraftError(f"--out {out} exists already (a finished regeneration, or another file); delete it or "
+                             "choose another --out")
+
+
 def run(args: argparse.Namespace) -> int:
     """``specgraft regenerate``: load the target and the data, regenerate, report throughput."""
     from specgraft.data.readers import is_conversations, load_records, subsample
@@ -111,8 +121,9 @@ def run(args: argparse.Namespace) -> int:
     for name in ("batch_size", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise SpecgraftError(f"--{name.replace('_', '-')} is {getattr(args, name)}; use a positive number")
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        raise SpecgraftError("--temperature must be >= 0 and --top-p in (0, 1]; fix the arguments")
+    if not 0 <= args.temperature < math.inf or not 0 < args.top_p <= 1:  # `not` form: NaN fails too
+        raise SpecgraftError("--temperature must be a finite number >= 0 and --top-p in (0, 1]; fix the arguments")
+    _check_out_path(Path(args.out))
     if args.num_samples is not None and args.num_samples < 1:
         raise SpecgraftError(f"--num-samples is {args.num_samples}; use a positive count")
     state = partial_state()

@@ -3,7 +3,8 @@
 ``specgraft eval --target PATH (--head DIR | --draft DIR | --drafter self|random) --prompts FILE... --out DIR``
 decodes every prompt with the drafter and with plain decoding of the same target (the baseline), groups the
 results by domain and writes report.json, report.md, answers.jsonl and three PNG plots into ``--out`` (see
-:mod:`specgraft.eval.report`). Drafters:
+:mod:`specgraft.eval.report`): a new or empty folder (``--overwrite`` replaces an earlier report), locked while the
+run writes so that two evals cannot mix their files. Drafters:
 
 * ``--head DIR``: a trained head folder; the drafter class follows its ``head_type`` (medusa -> MedusaDrafter,
   eagle / eagle3 -> EagleDrafter). ``--k`` is the draft depth, ``--tree-size`` the tree's tokens including the root
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError, TargetMismatchError
+from specgraft.utils.io import folder_has_content, output_lock
 from specgraft.utils.threads import add_threads_argument, set_torch_threads
 
 logger = logging.getLogger(__name__)
@@ -63,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", nargs="+", required=True, type=Path,
                         help="prompt files: FastChat question.jsonl, HumanEval .jsonl.gz, GSM8K, self-instruct or "
                              "any JSONL with a prompt and a domain field")
-    parser.add_argument("--out", type=Path, required=True, help="output folder for the report")
+    parser.add_argument("--out", type=Path, required=True, help="output folder for the report (must be empty)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the report in a non-empty --out folder")
     parser.add_argument("--domain-field", help="JSON field that names each prompt's domain")
     parser.add_argument("--prompt-field", help="JSON field holding the prompt text (reads files as generic JSONL)")
     parser.add_argument("--limit-per-domain", type=int, help="evaluate only the first N prompts of each domain")
@@ -225,9 +228,32 @@ def _device_and_dtype(args: argparse.Namespace) -> tuple[str, str]:
     import torch
 
     set_torch_threads(args.threads)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = check_device(args.device) if args.device else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
     return device, dtype
+
+
+def check_device(name: str) -> str:
+    """``name`` if it is a torch device this machine has; a one-line error naming what it has otherwise."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise SpecgraftError(f"--device {name!r} is not a torch device name; use cpu, cuda, cuda:1 or mps") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise SpecgraftError(f"--device {name} but this torch ({torch.__version__}) sees no CUDA GPU; drop "
+                                 "--device (cpu is then used) or install a CUDA build of torch")
+        if device.index is not None and device.index >= count:
+            raise SpecgraftError(f"--device {name} but this machine has {count} CUDA GPU(s) (cuda:0 to "
+                                 f"cuda:{count - 1}); pick one of them")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise SpecgraftError(f"--device {name} but MPS is not available here; drop --device or use cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise SpecgraftError(f"--device {name}: specgraft evaluates on cpu, cuda or mps; use one of them")
+    return name
 
 
 def run(args: argparse.Namespace) -> int:
@@ -241,6 +267,7 @@ def run(args: argparse.Namespace) -> int:
     settings.validate()
     if args.out.exists() and not args.out.is_dir():
         raise SpecgraftError(f"--out {args.out} is a file; pass a folder for the report")
+    _refuse_existing_report(args)
     prompts = load_prompts(args.prompts, domain_field=args.domain_field, prompt_field=args.prompt_field,
                            limit_per_domain=args.limit_per_domain)
     device, dtype = _device_and_dtype(args)
@@ -251,11 +278,19 @@ def run(args: argparse.Namespace) -> int:
     drafter, info = build_drafter(args, target, dtype, device)
     logger.info("evaluating %s drafter (%s) on %d prompts from %d file(s)", info["type"], info["mode"], len(prompts),
                 len(args.prompts))
-    report = run_eval(target, drafter, prompts, args.out, settings=settings, drafter_info=info,
-                      progress=not args.no_progress)
+    with output_lock(args.out, "an eval report"):
+        _refuse_existing_report(args)  # again: another run may have finished into it while this one loaded
+        report = run_eval(target, drafter, prompts, args.out, settings=settings, drafter_info=info,
+                          progress=not args.no_progress)
     _print_summary(report)
     print(f"wrote {args.out / REPORT_JSON}, {args.out / REPORT_MD}, answers and plots to {args.out}")
     return 0
+
+
+def _refuse_existing_report(args: argparse.Namespace) -> None:
+    if folder_has_content(args.out) and not args.overwrite:
+        raise SpecgraftError(f"--out {args.out} is not empty (an earlier report?); choose another folder or pass "
+                             "--overwrite to replace it")
 
 
 def _print_summary(report: dict[str, Any]) -> None:

@@ -84,6 +84,8 @@ class EvalSettings:
 
     def validate(self) -> None:
         """Raise SpecgraftError for values outside their domain."""
+        if not math.isfinite(self.temperature):
+            raise SpecgraftError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         check_sampling_params(self.temperature, self.top_k, self.top_p)
         for name, low in (("max_new_tokens", 1), ("repeats", 1), ("warmup", 0)):
             value = getattr(self, name)

@@ -74,6 +74,10 @@ class Prediction:
         return asdict(self)
 
 
+#: Largest draft length / tree size / draft forwards predicted (engines draft a few to a few hundred tokens).
+MAX_DRAFT_SIZE = 4096
+
+
 def _check_rate(value: float, what: str) -> float:
     value = float(value)
     if not 0.0 <= value <= 1.0 or math.isnan(value):
@@ -120,6 +124,10 @@ def predict(
                              ("draft forwards", draft_forwards, 0)):
         if value is not None and (int(value) != value or value < low):
             raise SpecgraftError(f"{name} must be an integer >= {low}, got {value}")
+        if value is not None and value > MAX_DRAFT_SIZE:  # checked before a per-depth list of that size is built
+            raise SpecgraftError(f"{name} must be at most {MAX_DRAFT_SIZE}, got {value}")
+    if branching and len(branching) > MAX_DRAFT_SIZE:
+        raise SpecgraftError(f"--branching has {len(branching)} depths; at most {MAX_DRAFT_SIZE}")
     if mode == "chain" and branching:
         raise SpecgraftError("--branching describes a tree; drop it for a chain or drop --draft-length")
     assumptions: list[str] = []
@@ -209,13 +217,22 @@ def read_report_profile(path: str | Path, domain: str | None = None) -> dict[str
         if domain not in known:
             raise SpecgraftError(f"domain {domain!r} is not in {file} (domains: {', '.join(known) or 'none'})")
         values = known[domain]
-    raw = values.get("acceptance_by_depth") or []
+    raw = values.get("acceptance_by_depth") if isinstance(values, dict) else None
+    drafter = report.get("drafter") or {}
+    if not isinstance(values, dict) or not isinstance(raw or [], list) or not isinstance(drafter, dict) \
+            or any(r is not None and (isinstance(r, bool) or not isinstance(r, (int, float))) for r in raw or []):
+        raise SpecgraftError(f"{file} is not a `specgraft eval` report (its fields have the wrong types); pass the "
+                             "report.json that `specgraft eval` wrote")
+    for key in ("alpha_exact", "draft_cost_per_step", "verify_cost_per_step", "tau", "speedup_ratio_of_totals"):
+        if values.get(key) is not None and (isinstance(values[key], bool)
+                                            or not isinstance(values[key], (int, float))):
+            raise SpecgraftError(f"{file}: {key} is {values[key]!r}, not a number; pass the report.json that "
+                                 "`specgraft eval` wrote")
     profile: list[float] = []
-    for r in raw:  # a null rate means no step reached that depth: the profile ends there
+    for r in raw or []:  # a null rate means no step reached that depth: the profile ends there
         if r is None:
             break
         profile.append(float(r))
-    drafter = report.get("drafter") or {}
     return {"profile": profile, "alpha": values.get("alpha_exact"), "mode": drafter.get("mode"),
             "depth": len(profile), "draft_cost": values.get("draft_cost_per_step"),
             "verify_cost": values.get("verify_cost_per_step"), "tau": values.get("tau"),

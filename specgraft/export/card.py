@@ -54,7 +54,7 @@ def render_model_card(head_meta: Mapping[str, Any], recipe_dict: Mapping[str, An
     name = HEAD_NAMES.get(head_type, head_type)
     tags = ["speculative-decoding", "draft-model", HEAD_TAGS.get(head_type, head_type),
             FORMAT_TAGS.get(format, format), "specgraft"]
-    lines = ["---", f"base_model: {_yaml_str(base)}", "library_name: specgraft", f"license: {_yaml_str(lic)}",
+    lines = ["---", *_hub_metadata(base, lic), "library_name: specgraft",
              "tags:", *[f"- {t}" for t in dict.fromkeys(tags)], "---", ""]
     lines += [f"# {name} draft head for {base}", ""]
     lines += _about(head_meta, head_type, base, format)
@@ -66,6 +66,27 @@ def render_model_card(head_meta: Mapping[str, Any], recipe_dict: Mapping[str, An
         lines += ["## Export notes", "", *[f"- {n}" for n in notes], ""]
     lines += ["---", "", f"Made with specgraft (`specgraft export --format {format}`)."]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _hub_metadata(base: str, lic: str) -> list[str]:
+    """The card's ``base_model`` / ``base_model_relation`` / ``license*`` lines, as the Hub's metadata rules want.
+
+    ``base_model`` must be a Hub repo id (a local path is wrong metadata): it is left out otherwise (the exporter
+    warns). A draft head is weights that run only on top of the target, hence ``base_model_relation: adapter``.
+    ``license: other`` needs ``license_name`` and ``license_link``: a head derived from the target follows the
+    target's license, so they point at the target's repo.
+    """
+    from specgraft.export.exporter import is_hub_id
+
+    lines = []
+    if is_hub_id(base):
+        lines += [f"base_model: {_yaml_str(base)}", "base_model_relation: adapter"]
+    if lic != "other":
+        lines.append(f"license: {_yaml_str(lic)}")
+    elif is_hub_id(base):
+        lines += ['license: "other"', 'license_name: "same-as-base-model"',
+                  f"license_link: {_yaml_str(f'https://huggingface.co/{base}')}"]
+    return lines
 
 
 def _yaml_str(value: str) -> str:
@@ -103,7 +124,9 @@ def _about(meta: Mapping[str, Any], head_type: str, base: str, fmt: str) -> list
 
 
 def _serving(meta: Mapping[str, Any], head_type: str, base: str, fmt: str, where: str) -> list[str]:
-    n = EXAMPLE_DRAFT_TOKENS
+    # vLLM maps a Medusa draft's num_speculative_tokens onto its number of heads: it must be exactly that.
+    n = int((meta.get("config") or {}).get("num_heads", EXAMPLE_DRAFT_TOKENS)) if head_type == "medusa" \
+        else EXAMPLE_DRAFT_TOKENS
     lines = ["## Serving", ""]
     method = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3"}.get(head_type, head_type)
     vllm_here = fmt == "vllm"

@@ -393,7 +393,9 @@ def _eagle3_to_engine(fmt: str, state: Mapping[str, torch.Tensor], cfg: Mapping[
     _refuse_leftovers(src, fmt, "eagle3", getattr(info.config, "model_type", "?"))
     layer_cfg = llama_draft_config(info.config, layers, None, bias)
     ids = engine_layer_ids(feature_layers, fmt)
-    notes = [f"fused target layers {feature_layers} (output_hidden_states) are written as {fmt} layer ids {ids}"]
+    notes = [f"fused target layers {feature_layers} (output_hidden_states) are written as {fmt} layer ids {ids}",
+             "the target's embedding table is not written (engines share the target's); a client that loads the "
+             "draft alone must copy it in (see FORMATS.md)"]
     if fmt == "vllm":
         verifier_arch = list(getattr(info.config, "architectures", None) or [info.skeleton.identity.architecture])
         layer_cfg["architectures"] = ["LlamaForCausalLM"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,30 @@ class ExportResult:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Names
+
+#: A Hub repo id: ORG/NAME (names of at most 96 characters of letters, digits, '-', '_', '.').
+HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+
+
+def is_hub_id(name: str) -> bool:
+    """True for an ``ORG/NAME`` Hub repo id that is not also a local path (a folder path is no Hub id)."""
+    return bool(HUB_REPO_ID.match(name)) and ".." not in name and not Path(name).expanduser().exists()
+
+
+def require_hub_base_model(base_model: str, flag: str = "--base-model") -> None:
+    """An explicit base model must be a Hub repo id (configs and cards written with it are read elsewhere)."""
+    if not HUB_REPO_ID.match(base_model) or ".." in base_model:
+        raise SpecgraftError(f"{flag} {base_model!r} is not a Hub repo id; give the target's id on the Hub, e.g. "
+                             f"{flag} meta-llama/Llama-3.1-8B-Instruct")
+
+
+def local_base_model_warning(base: str) -> str | None:
+    """A warning when the target is recorded as a local path (what no other machine can load), else None."""
+    if is_hub_id(base):
+        return None
+    return (f"the target is recorded as {base!r}, not a Hub repo id: the engine config (verifier / base model) and "
+            "the card's base_model then name a path no other machine has; pass --base-model ORG/NAME (the target's "
+            "Hub id)")
 
 
 def vllm_method_from_path(path: str) -> str | None:
@@ -154,6 +179,9 @@ def read_head_state(head_dir: Path, meta: dict[str, Any], info: TargetInfo) -> d
         if tuple(state[name].shape) != tuple(tensor.shape):
             raise SpecgraftError(f"head checkpoint {weights}: tensor {name} has shape {tuple(state[name].shape)}, "
                                  f"expected {tuple(tensor.shape)}; the head config and weights disagree")
+        if state[name].is_floating_point() and not bool(torch.isfinite(state[name]).all()):
+            raise SpecgraftError(f"head checkpoint {weights}: tensor {name} holds NaN or infinite values (training "
+                                 "diverged); export an earlier checkpoint or retrain with a lower learning rate")
     return state
 
 
@@ -163,8 +191,10 @@ def _load_recipe_dict(head_dir: Path) -> dict[str, Any] | None:
         return None
     import yaml
 
+    from specgraft.config import safe_load_yaml
+
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = safe_load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError:
         logger.warning("%s is not valid YAML; the model card will not describe the training recipe", path)
         return None
@@ -183,6 +213,9 @@ def load_report(path: str | Path) -> tuple[dict[str, Any], Path]:
         raise SpecgraftError(f"{file} is not valid JSON ({exc}); re-run the evaluation") from None
     if not isinstance(report, dict):
         raise SpecgraftError(f"{file} is not an eval report (a JSON object); re-run the evaluation")
+    problem = _report_problem(report)
+    if problem is not None:
+        raise SpecgraftError(f"{file} is not a `specgraft eval` report ({problem}); re-run the evaluation")
     return report, file.parent
 
 
@@ -201,9 +234,43 @@ def find_latest_report(head_dir: Path) -> Path | None:
             continue
         drafter = report.get("drafter") if isinstance(report, dict) else None
         drafter_path = drafter.get("path") if isinstance(drafter, dict) else None
-        if drafter_path is None or _same_path(drafter_path, head_dir, path.parent):
+        # Only a report of THIS head: self/random/draft-model runs (path null or another folder) measured
+        # another drafter, and their numbers would be published as this head's.
+        if isinstance(drafter_path, str) and _same_path(drafter_path, head_dir, path.parent) \
+                and _report_problem(report) is None:
             matching.append(path)
     return max(matching, key=lambda p: p.stat().st_mtime) if matching else None
+
+
+#: Report fields the card and export read, and the JSON type each must have when present.
+_REPORT_FIELD_TYPES: dict[str, type] = {"drafter": dict, "overall": dict, "domains": dict, "plots": dict,
+                                        "settings": dict}
+
+
+def _report_problem(report: dict[str, Any]) -> str | None:
+    """What makes ``report`` unusable for a card (a field of the wrong JSON type), or None."""
+    for key, kind in _REPORT_FIELD_TYPES.items():
+        value = report.get(key)
+        if value is not None and not isinstance(value, kind):
+            return f"its {key!r} is {type(value).__name__}, expected a JSON object"
+    for name, values in (report.get("domains") or {}).items():
+        if values is not None and not isinstance(values, dict):
+            return f"its domain {name!r} is {type(values).__name__}, expected a JSON object"
+    return None
+
+
+def check_report_for_head(report: dict[str, Any], file: Path, head_type: str, head_dir: Path) -> list[str]:
+    """Refuse a report that measured another kind of drafter; warnings when it names another folder."""
+    drafter = report.get("drafter") or {}
+    measured = drafter.get("type")
+    if measured != head_type:
+        raise SpecgraftError(f"{file} measured the {measured or 'unknown'} drafter, not this {head_type} head; pass "
+                             f"a report of `specgraft eval --head {head_dir}` (or none)")
+    recorded = drafter.get("path")
+    if not isinstance(recorded, str) or not _same_path(recorded, head_dir, file.parent):
+        return [f"{file} was measured on the head at {recorded}, not {head_dir}; the card shows its numbers as this "
+                "head's, so make sure it is the same head"]
+    return []
 
 
 def _same_path(recorded: str, head_dir: Path, base: Path) -> bool:
@@ -258,7 +325,12 @@ def export_head(
     _check_destination(final, head_dir, overwrite)
     info = resolve_target(meta, target)
     state = read_head_state(head_dir, meta, info)
+    if base_model is not None:
+        require_hub_base_model(base_model)
     base = base_model or meta["target"]["name_or_path"]
+    local_warning = local_base_model_warning(base) if fmt != "native" else None
+    if local_warning is not None:
+        warnings.append(local_warning)
     notes: list[str] = []
     if (head_dir / ADAPTER_DIR).is_dir() and fmt != "native":
         warnings.append("this is a Medusa-2 head trained with a LoRA adapter on the target: serve it with the "
@@ -268,6 +340,8 @@ def export_head(
     report_path = Path(report) if report is not None else find_latest_report(head_dir)
     if report_path is not None:
         report_dict, report_root = load_report(report_path)
+        if report is not None:
+            warnings += check_report_for_head(report_dict, report_path, head_type, head_dir)
     recipe = _load_recipe_dict(head_dir)
 
     files: list[str] = []
@@ -286,7 +360,9 @@ def export_head(
             (tmp / CONFIG_NAME).write_text(json.dumps(ckpt.config, indent=2) + "\n", encoding="utf-8")
             files += [weights_name, CONFIG_NAME]
         plots = _copy_plots(report_dict, report_root, tmp, warnings)
-        files += plots
+        files += plots.values()
+        if report_dict is not None:  # the card links only the plots that were copied
+            report_dict = dict(report_dict, plots=plots)
         export_meta = {
             "specgraft_export_version": EXPORT_VERSION,
             "format": fmt,
@@ -341,18 +417,40 @@ def _verify_written(path: Path, tensors: dict[str, torch.Tensor]) -> None:
         raise SpecgraftError(f"{path} did not read back as written; check free disk space and retry")
 
 
-def _copy_plots(report: dict[str, Any] | None, root: Path | None, tmp: Path, warnings: list[str]) -> list[str]:
+#: File types a report's plots may have (what `specgraft eval` writes, and images a card can show).
+PLOT_SUFFIXES = (".png", ".svg", ".jpg", ".jpeg", ".webp", ".gif")
+
+
+def _copy_plots(report: dict[str, Any] | None, root: Path | None, tmp: Path, warnings: list[str]) -> dict[str, str]:
+    """Copy the report's plots into ``tmp``; returns plot key -> file name of those copied.
+
+    A report is untrusted input: only image files that resolve INSIDE the report folder (no absolute path, no
+    ``..``, no symlink out of it) are copied, and never over a file the exporter wrote (``config.json``, ...),
+    so an edited report cannot put other files into an export (which ``push`` would publish).
+    """
     if not report or root is None:
-        return []
+        return {}
     plots = report.get("plots") or {}
-    copied = []
-    for name in plots.values() if isinstance(plots, dict) else []:
-        src = root / str(name)
+    copied: dict[str, str] = {}
+    inside = root.resolve()
+    for key, name in plots.items() if isinstance(plots, dict) else []:
+        rel = Path(str(name))
+        src = root / rel
+        if rel.is_absolute() or ".." in rel.parts or inside not in src.resolve().parents:
+            warnings.append(f"the eval report names plot {name}, which is outside its folder {root}; not copied")
+            continue
+        if src.suffix.lower() not in PLOT_SUFFIXES:
+            warnings.append(f"the eval report names plot {name}, which is not an image ({', '.join(PLOT_SUFFIXES)}); "
+                            "not copied")
+            continue
         if not src.is_file():
             warnings.append(f"the eval report names plot {name} but {src} does not exist; the card omits it")
             continue
-        shutil.copy2(src, tmp / src.name)
-        copied.append(src.name)
+        if (tmp / src.name).exists() or src.name in (CARD_NAME, EXPORT_META_NAME):
+            warnings.append(f"the eval report's plot {name} has the name of an export file; not copied")
+            continue
+        shutil.copyfile(src.resolve(), tmp / src.name)
+        copied[str(key)] = src.name
     return copied
 
 

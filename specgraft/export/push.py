@@ -1,10 +1,16 @@
 """Upload an exported head folder to the Hugging Face Hub.
 
-``specgraft push DIR --repo-id ORG/NAME`` creates the repo (``--private`` to make it private), regenerates the
-folder's model card for that repo when the folder was written by ``specgraft export``, and uploads the folder in
-one commit (``--revision`` for a branch, ``--commit-message``). ``--dry-run`` lists exactly what would be uploaded
-and touches nothing (no token, no network). A repo that already has files is refused unless ``--overwrite``, which
-then makes the repo mirror the folder (stale weight files would otherwise be loaded by engines).
+``specgraft push DIR --repo-id ORG/NAME`` creates the repo (``--private`` to make it private; an existing public
+repo is refused, since --private cannot change it), regenerates the folder's model card for that repo when the
+folder was written by ``specgraft export``, and uploads the folder in one commit (``--revision`` for a branch,
+``--commit-message``). ``--dry-run`` lists exactly what would be uploaded and touches nothing (no token, no
+network). A repo that already has files is refused unless ``--overwrite``, which then makes the repo mirror the
+folder (stale weight files would otherwise be loaded by engines).
+
+Only regular files inside the folder are uploaded (symlinks are skipped, never followed). The regenerated card is
+uploaded from memory and written into the folder only after the upload succeeded. An export whose target is
+recorded as a local path is refused unless ``--base-model ORG/NAME`` gives its Hub id, which is then written into
+the uploaded card, ``config.json`` (verifier / base model) and ``specgraft_export.json``.
 
 The token comes from the environment variable named by ``--token-env`` (default ``HF_TOKEN``) or from
 ``hf auth login``; it is never printed or logged.
@@ -13,9 +19,9 @@ The token comes from the environment variable named by ``--token-env`` (default 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +29,13 @@ from typing import Any
 from specgraft.errors import SpecgraftError
 from specgraft.export.exporter import (
     CARD_NAME,
+    CONFIG_NAME,
     EXPORT_META_NAME,
+    HUB_REPO_ID,
     card_from_export_meta,
+    is_hub_id,
     read_export_meta,
+    require_hub_base_model,
     vllm_name_warnings,
 )
 from specgraft.utils.io import atomic_write_text
@@ -33,7 +43,7 @@ from specgraft.utils.io import atomic_write_text
 logger = logging.getLogger(__name__)
 
 DEFAULT_TOKEN_ENV = "HF_TOKEN"
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_REPO_ID = HUB_REPO_ID
 #: Files never uploaded: temporaries of atomic writes, caches, VCS metadata.
 _SKIP_PARTS = ("__pycache__", ".git", ".cache")
 #: Files a fresh Hub repo already holds.
@@ -50,6 +60,10 @@ class PushPlan:
     """(path relative to the folder, size in bytes), in upload order."""
     card_regenerated: bool = False
     warnings: list[str] = field(default_factory=list)
+    contents: dict[str, str] = field(default_factory=dict)
+    """Files uploaded with new text instead of the folder's (the regenerated card, a retargeted config)."""
+    private: bool | None = None
+    """The repo's visibility after the push (None before it)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,29 +76,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="List what would be uploaded and stop.")
     parser.add_argument("--overwrite", action="store_true",
                         help="Push into a repo that already has files (the repo then mirrors the folder).")
+    parser.add_argument("--base-model", metavar="ORG/NAME",
+                        help="Hub id of the target, when the export recorded it as a local path (written into the "
+                             "uploaded card, config.json and specgraft_export.json).")
     parser.add_argument("--token-env", default=DEFAULT_TOKEN_ENV, metavar="VAR",
                         help=f"Environment variable holding the token (default {DEFAULT_TOKEN_ENV}; falls back to "
                              "the token saved by `hf auth login`).")
 
 
-def plan_push(folder: str | Path, repo_id: str) -> PushPlan:
-    """The exact files ``push`` would upload from ``folder`` (hidden files, temporaries and caches excluded)."""
+def plan_push(folder: str | Path, repo_id: str, base_model: str | None = None) -> PushPlan:
+    """The exact files ``push`` would upload from ``folder`` (hidden files, temporaries, caches and symlinks
+    excluded) and the texts it would upload instead of the folder's."""
     folder = Path(folder)
     if not folder.is_dir():
         raise SpecgraftError(f"{folder} is not a folder; pass the output folder of `specgraft export`")
     if not _REPO_ID.match(repo_id):
         raise SpecgraftError(f"repo id {repo_id!r} is not of the form ORG/NAME; e.g. --repo-id my-org/llama-eagle3")
-    files = []
+    if base_model is not None:
+        require_hub_base_model(base_model)
+    files, skipped = [], []
+    inside = folder.resolve()
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder)
-        if not path.is_file() or any(part.startswith(".") or part in _SKIP_PARTS for part in rel.parts):
+        if any(part.startswith(".") or part in _SKIP_PARTS for part in rel.parts):
             continue
-        files.append((rel.as_posix(), path.stat().st_size))
+        # A symlink (or a file under a symlinked folder) may point anywhere: never follow it into an upload.
+        if any((folder / Path(*rel.parts[:i + 1])).is_symlink() for i in range(len(rel.parts))) \
+                or inside not in path.resolve().parents:
+            if path.is_symlink():
+                skipped.append(rel.as_posix())
+            continue
+        if path.is_file():
+            files.append((rel.as_posix(), path.stat().st_size))
     if not files:
         raise SpecgraftError(f"{folder} holds no files to upload; export a head into it first")
     plan = PushPlan(folder, repo_id, files)
+    if skipped:
+        plan.warnings.append(f"skipped symlink(s) {', '.join(skipped[:5])}: push uploads only regular files inside "
+                             "the folder")
     if (folder / EXPORT_META_NAME).is_file():
         meta = read_export_meta(folder)
+        base = base_model or str(meta.get("base_model") or "")
+        if not is_hub_id(base):
+            if meta["format"] != "native":
+                raise SpecgraftError(f"the export records its target as {base!r}, not a Hub repo id, so its config "
+                                     "and card would name a path no other machine has; pass --base-model ORG/NAME "
+                                     "(the target's Hub id) or re-export with --base-model")
+            plan.warnings.append(f"the target is recorded as {base!r}, not a Hub repo id: the card has no base_model; "
+                                 "pass --base-model ORG/NAME")
+        if base_model is not None:
+            meta = dict(meta, base_model=base_model)
+            plan.contents[EXPORT_META_NAME] = json.dumps(meta, indent=2, default=str) + "\n"
+            config = _retargeted_config(folder / CONFIG_NAME, base_model)
+            if config is not None:
+                plan.contents[CONFIG_NAME] = config
+        plan.contents[CARD_NAME] = card_from_export_meta(meta, repo_id)
         plan.card_regenerated = True
         if CARD_NAME not in {f for f, _ in files}:
             plan.files.append((CARD_NAME, 0))
@@ -92,7 +138,22 @@ def plan_push(folder: str | Path, repo_id: str) -> PushPlan:
             plan.warnings += vllm_name_warnings(repo_id, meta["head_type"], what="repo id")
     elif CARD_NAME not in {f for f, _ in files}:
         plan.warnings.append(f"{folder} has no {CARD_NAME}: the repo will have no model card")
+    plan.files = [(name, len(plan.contents[name].encode("utf-8")) if name in plan.contents else size)
+                  for name, size in plan.files]
     return plan
+
+
+def _retargeted_config(path: Path, base_model: str) -> str | None:
+    """``config.json`` with the target named as ``base_model`` (Medusa's base model, EAGLE-3's verifier)."""
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if "base_model_name_or_path" in config:
+        config["base_model_name_or_path"] = base_model
+    verifier = (config.get("speculators_config") or {}).get("verifier")
+    if isinstance(verifier, dict):
+        verifier["name_or_path"] = base_model
+    return json.dumps(config, indent=2) + "\n"
 
 
 def resolve_token(token_env: str = DEFAULT_TOKEN_ENV) -> str:
@@ -118,14 +179,16 @@ def push_folder(
     dry_run: bool = False,
     overwrite: bool = False,
     token_env: str = DEFAULT_TOKEN_ENV,
+    base_model: str | None = None,
 ) -> tuple[PushPlan, Any]:
     """Push ``folder`` to ``repo_id`` (see the module docstring); returns the plan and the commit info (None for a
     dry run)."""
-    plan = plan_push(folder, repo_id)
+    plan = plan_push(folder, repo_id, base_model)
     if dry_run:
         return plan, None
     token = resolve_token(token_env)
     import huggingface_hub
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
     from huggingface_hub.errors import HfHubHTTPError
 
     api = huggingface_hub.HfApi(token=token)
@@ -136,6 +199,10 @@ def push_folder(
                              "`hf auth login` or set a valid write token") from None
     try:
         api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
+        plan.private = bool(getattr(api.repo_info(repo_id=repo_id, repo_type="model"), "private", private))
+        if private and not plan.private:
+            raise SpecgraftError(f"{repo_id} exists and is public; --private cannot change an existing repo: make it "
+                                 "private in its Settings on the Hub first, or push to a new repo id")
         if revision:
             api.create_branch(repo_id=repo_id, branch=revision, repo_type="model", exist_ok=True)
         existing = [f for f in api.list_repo_files(repo_id=repo_id, repo_type="model", revision=revision)
@@ -143,17 +210,22 @@ def push_folder(
         if existing and not overwrite:
             raise SpecgraftError(f"{repo_id} already has files ({', '.join(sorted(existing)[:5])}); pass --overwrite "
                                  "to replace the repo's content with this folder, or push to a new repo")
-        if plan.card_regenerated:
-            atomic_write_text(plan.folder / CARD_NAME, card_from_export_meta(read_export_meta(plan.folder), repo_id))
+        names = [name for name, _ in plan.files]
+        operations: list[Any] = [
+            CommitOperationAdd(path_in_repo=name, path_or_fileobj=plan.contents[name].encode("utf-8")
+                               if name in plan.contents else str(plan.folder / name))
+            for name in names]
+        # --overwrite: the repo mirrors the folder, so stale files (old weights engines would load) go.
+        operations += [CommitOperationDelete(path_in_repo=f) for f in existing if f not in names]
         message = commit_message or f"Upload {plan.folder.name} with specgraft"
-        info = api.upload_folder(
-            folder_path=str(plan.folder), repo_id=repo_id, repo_type="model", revision=revision,
-            commit_message=message, allow_patterns=[name for name, _ in plan.files],
-            delete_patterns=["*"] if overwrite and existing else None,
-        )
+        info = api.create_commit(repo_id=repo_id, repo_type="model", revision=revision, operations=operations,
+                                 commit_message=message)
     except HfHubHTTPError as exc:
         raise SpecgraftError(f"the Hub refused the upload to {repo_id} ({_scrub(exc, token)}); check that the token "
                              "can write to that organisation") from None
+    # Only now that the repo has them: the folder keeps mirroring what was published.
+    for name, text in plan.contents.items():
+        atomic_write_text(plan.folder / name, text)
     return plan, info
 
 
@@ -175,12 +247,12 @@ def run(args: argparse.Namespace) -> int:
     """Run ``specgraft push``."""
     plan, info = push_folder(args.dir, args.repo_id, private=args.private, revision=args.revision,
                              commit_message=args.commit_message, dry_run=args.dry_run, overwrite=args.overwrite,
-                             token_env=args.token_env)
+                             token_env=args.token_env, base_model=args.base_model)
     for warning in plan.warnings:
         print(f"WARNING: {warning}")
     verb = "would upload" if args.dry_run else "uploaded"
     branch = args.revision or "main"
-    visibility = "private" if args.private else "public"
+    visibility = "private" if (args.private if plan.private is None else plan.private) else "public"
     print(f"{verb} {len(plan.files)} files ({_size(sum(s for _, s in plan.files))}) to {args.repo_id} "
           f"({visibility}, revision {branch}):")
     for name, size in plan.files:

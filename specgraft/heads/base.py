@@ -174,8 +174,17 @@ def read_head_config(path: str | Path) -> dict[str, Any]:
     if not cfg_file.is_file():
         raise SpecgraftError(f"{path} has no {HEAD_CONFIG_NAME}, so it is not a specgraft head folder; "
                              "pass the output folder of `specgraft train` or an exported `native` folder")
-    return read_json_meta(cfg_file, ("head_type", "config", "target"),
+    meta = read_json_meta(cfg_file, ("head_type", "config", "target"),
                           "the head folder is corrupt or from another tool, re-save it")
+    for key, kind in (("head_type", str), ("config", dict), ("target", dict)):
+        if not isinstance(meta[key], kind):
+            raise SpecgraftError(f"{cfg_file}: {key!r} is {type(meta[key]).__name__}, expected a JSON "
+                                 f"{'string' if kind is str else 'object'}; the head folder is corrupt or was edited, "
+                                 "re-save it")
+    if not isinstance(meta["target"].get("name_or_path"), str):
+        raise SpecgraftError(f"{cfg_file}: the target has no name_or_path; the head folder is corrupt or was edited, "
+                             "re-save it")
+    return meta
 
 
 def read_head_weights(path: str | Path) -> dict[str, torch.Tensor]:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 
+from specgraft.errors import SpecgraftError
 from specgraft.utils.threads import add_threads_argument, set_torch_threads
 
 
@@ -53,6 +54,8 @@ def run_job(args: argparse.Namespace, trainer_cls: type, module: str, describe) 
 
     set_torch_threads(args.threads)  # validated before anything heavy; a launch passes it on to every process
     recipe = load_recipe(args.recipe, args.overrides)  # fail fast, before starting anything heavy
+    if args.num_processes is not None and args.num_processes < 1:
+        raise SpecgraftError(f"--num-processes must be at least 1, got {args.num_processes}")
     if args.dry_run:
         from specgraft.train.dry_run import dry_run_recipe
 
@@ -60,6 +63,8 @@ def run_job(args: argparse.Namespace, trainer_cls: type, module: str, describe) 
         print(f"dry run ok: {args.recipe} on a tiny random {summary['model_type']} "
               f"({summary['stand_in_layers']} layers): {summary['trainable_parameters']:,} trainable parameters, "
               f"{summary['optimizer_groups']} optimizer group(s), {summary['steps']} step")
+        if summary.get("data_problem"):
+            print(f"WARNING: the real run will fail here: {summary['data_problem']}", file=sys.stderr)
         return 0
     if args.num_processes or args.accelerate_config:
         return _launch(args, module)

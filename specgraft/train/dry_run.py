@@ -62,9 +62,17 @@ SYNTHETIC_CONVERSATIONS = [
 
 def dry_run_recipe(recipe: Recipe, trainer_cls: Any = None) -> dict[str, Any]:
     """Run one training step of ``recipe`` against a tiny random stand-in of its target; returns a summary."""
+    from specgraft.data.readers import source_files
     from specgraft.train.trainer import HeadTrainer
 
     trainer_cls = trainer_cls or HeadTrainer
+    # The stand-in trains on synthetic data, so a missing data.path cannot fail the dry run; the real run needs
+    # it, so say so (recipes are often dry-run on a laptop before the data is downloaded).
+    try:
+        source_files(recipe.data.path)
+        data_problem = None
+    except SpecgraftError as exc:
+        data_problem = str(exc)
     model_type = guess_model_type(recipe.model.name_or_path)
     needed = max(recipe.head.feature_layers or [0])
     layers = max(4, needed + 3)
@@ -104,4 +112,4 @@ def dry_run_recipe(recipe: Recipe, trainer_cls: Any = None) -> dict[str, Any]:
         finally:
             trainer.cleanup()
     return {"model_type": model_type, "stand_in_layers": layers, "trainable_parameters": n_params,
-            "optimizer_groups": groups, "steps": summary["steps"]}
+            "optimizer_groups": groups, "steps": summary["steps"], "data_problem": data_problem}

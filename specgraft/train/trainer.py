@@ -32,6 +32,7 @@ from specgraft.errors import SpecgraftError
 from specgraft.heads.base import (
     ADAPTER_DIR,
     HEAD_WEIGHTS_NAME,
+    RECIPE_NAME,
     DraftHead,
     HeadLoss,
     head_class,
@@ -61,6 +62,20 @@ def recipe_fingerprint(recipe: Recipe) -> str:
             node = node[p]
         node.pop(leaf, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+#: Tracking backend -> the packages accelerate's tracker needs (any one of them).
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
+
+
+def _require_tracker_package(tracker: str | None) -> None:
+    """accelerate silently drops a tracker whose package is missing: the run would track nothing."""
+    import importlib.util
+
+    packages = TRACKER_PACKAGES.get(tracker or "", ())
+    if packages and not any(importlib.util.find_spec(name) is not None for name in packages):
+        raise SpecgraftError(f"tracking.backend is {tracker} but {' or '.join(packages)} is not installed; "
+                             f"`pip install {packages[0]}` or set tracking.backend=none")
 
 
 def _cpu_only_multiprocess() -> bool:
@@ -148,6 +163,7 @@ class RecipeTrainer:
         tr = r.training
         self._check_output_dir()
         tracker = None if r.tracking.backend == "none" else r.tracking.backend
+        _require_tracker_package(tracker)
         self.accelerator = Accelerator(
             # Without an accelerator, a multi-process (torchrun) job is CPU data parallel over gloo; accelerate
             # only detects it when told to use the CPU.
@@ -167,6 +183,10 @@ class RecipeTrainer:
         else:
             self.target.model.to(acc.device)
         target = self.target
+        context = getattr(target.text_config, "max_position_embeddings", None)
+        if isinstance(context, int) and r.data.max_length > context:
+            raise SpecgraftError(f"data.max_length is {r.data.max_length} but the target {r.model.name_or_path} has "
+                                 f"a context of {context} tokens; set data.max_length to at most {context}")
         if target.tokenizer is None and self.dataset is None:
             raise SpecgraftError("the target has no tokenizer, so the data cannot be tokenised; save the tokenizer "
                                  "beside the model")
@@ -214,7 +234,7 @@ class RecipeTrainer:
 
         if acc.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            save_recipe(r, self.output_dir / "recipe.yaml")
+            save_recipe(r, self.output_dir / RECIPE_NAME)
         if tracker is not None:
             acc.init_trackers(r.tracking.project, config=_flatten(to_dict(r)),
                               init_kwargs={"wandb": {"name": r.tracking.run_name}} if tracker == "wandb" else {})
@@ -234,13 +254,40 @@ class RecipeTrainer:
                         f"checkpoint {folder} was made by a different recipe (only max_steps, logging, "
                         "checkpointing and output may change on resume); resume with the original recipe or "
                         "start a new output.dir")
+                done = int(state.get("step", 0))
+                if self.recipe.training.max_steps < done:
+                    raise SpecgraftError(
+                        f"training.max_steps is {self.recipe.training.max_steps} but checkpoint {folder} is already "
+                        f"at step {done}; resume with training.max_steps >= {done}, or export that checkpoint's run")
             return
+        if out.exists() and not out.is_dir():
+            raise SpecgraftError(f"output.dir {out} is a file; set output.dir to a folder (it is created)")
         if not out.exists() or not any(out.iterdir()):
             return
         if self.recipe.output.overwrite:
             return
+        if self._only_leftovers_of_a_failed_start(out):
+            logger.info("%s holds only the recipe of a run that stopped before its first checkpoint; starting afresh",
+                        out)
+            return
         raise SpecgraftError(f"output folder {out} is not empty; pass --resume to continue that run, "
                              "output.overwrite=true to write into it, or choose another output.dir")
+
+    def _only_leftovers_of_a_failed_start(self, out: Path) -> bool:
+        """True when ``out`` holds nothing but what a run that failed before its first checkpoint wrote (the
+        resolved recipe and the tracker's log folder): nothing to resume, so the plain rerun may start over."""
+        allowed = {RECIPE_NAME, self.recipe.tracking.project}
+        if not ckpt.list_checkpoints(out):
+            allowed.add(ckpt.CHECKPOINTS_DIR)  # created before a first checkpoint that was never completed
+        if any(p.name not in allowed for p in out.iterdir()) or not (out / RECIPE_NAME).is_file():
+            return False
+        from specgraft.config import load_recipe
+
+        try:
+            written = load_recipe(out / RECIPE_NAME, schema=type(self.recipe))
+        except SpecgraftError:
+            return False  # not a recipe we wrote: the user's file, keep refusing
+        return Path(written.output.dir).resolve() == out.resolve()
 
     def feature_layers(self) -> tuple[tuple[int, ...], bool]:
         """(target layers the model reads, whether it needs the target's logits) for an offline feature cache."""

@@ -1,8 +1,9 @@
-"""Atomic writes: a file or folder either appears complete or not at all."""
+"""Atomic writes: a file or folder either appears complete or not at all; a lock for one writer per folder."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -90,3 +91,46 @@ def sha256_file(path: str | os.PathLike) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+#: The lock file :func:`output_lock` keeps in a folder while a command writes there.
+LOCK_NAME = ".specgraft.lock"
+
+
+@contextlib.contextmanager
+def output_lock(folder: str | os.PathLike, what: str = "this folder") -> Iterator[Path]:
+    """Hold an exclusive lock on ``folder`` (created) while the block writes into it; a second writer fails at
+    once with a one-line error instead of mixing its files with the first one's.
+
+    The lock is an ``flock`` on ``folder/.specgraft.lock``: the OS releases it when the process dies, so a killed
+    run leaves no stale lock (the empty file itself stays; push and the non-empty checks ignore it). Without
+    ``fcntl`` (Windows) the block runs unlocked.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / LOCK_NAME
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover (Windows)
+        yield lock
+        return
+    with open(lock, "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise SpecgraftError(f"another specgraft process is writing to {folder} ({what}); wait for it to "
+                                     "finish or choose another output folder") from None
+            raise
+        try:
+            yield lock
+        finally:
+            # The (empty, hidden) file stays: unlinking it would let a third writer lock a new file while a
+            # second one holds the unlinked one.
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def folder_has_content(folder: str | os.PathLike) -> bool:
+    """True when ``folder`` exists and holds anything besides :func:`output_lock`'s lock file."""
+    folder = Path(folder)
+    return folder.is_dir() and any(p.name != LOCK_NAME for p in folder.iterdir())

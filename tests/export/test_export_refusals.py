@@ -143,8 +143,9 @@ def test_vllm_method_detection_rules():
 
 
 def test_vllm_export_names_say_what_the_head_is(saved_heads, tmp_path):
-    eagle = export_head(saved_heads["eagle"], "vllm", tmp_path / "llama")
-    eagle3 = export_head(saved_heads["eagle3"], "vllm", tmp_path / "llama")
+    # A Hub id as the base model: a local target path would add its own warning.
+    eagle = export_head(saved_heads["eagle"], "vllm", tmp_path / "llama", base_model="org/tiny-llama")
+    eagle3 = export_head(saved_heads["eagle3"], "vllm", tmp_path / "llama", base_model="org/tiny-llama")
     assert eagle.path.name == "llama-eagle-1" and eagle.warnings == []
     assert eagle3.path.name == "llama-eagle3" and eagle3.warnings == []
     assert vllm_method_from_path(str(eagle.path)) == "eagle" and vllm_method_from_path(str(eagle3.path)) == "eagle3"
