@@ -165,8 +165,8 @@ def train(work: Path, target: Path, data: Path, drafter: str, args: argparse.Nam
     if final.is_dir():
         return final
     cmd = specgraft(command, recipe, f"model.name_or_path={target}", f"data.path={data}", f"output.dir={out}",
-                    f"data.cache_dir={work / 'cache'}", "tracking.backend=none", "--threads", str(args.threads),
-                    *[f"{k}" for k in args.override.get(drafter, [])])
+                    f"data.cache_dir={work / 'cache'}", "tracking.backend=none", *args.override.get(drafter, []),
+                    "--threads", str(args.threads))
     if (out / "checkpoints").is_dir():
         cmd.append("--resume")
     stage = run_stage(f"train-{drafter}", cmd, work / "logs" / f"train-{drafter}.log")
