@@ -44,7 +44,7 @@ def drafters(model) -> dict[str, Drafter | None]:
         "plain": None,
         "self": SelfDrafter(k=K),
         "self_tree": SelfDrafter(k=3, tree_topk=(2, 2)),
-        "random": RandomDrafter(model.config.vocab_size, k=3, seed=1),
+        "random": RandomDrafter(model.config.vocab_size, k=3),
         "draft_chain": DraftModelDrafter(draft, k=3),
         "draft_tree": DraftModelDrafter(draft, k=3, tree_topk=(3, 2)),
     }
@@ -104,7 +104,9 @@ def test_self_drafter_tau_is_k_plus_one(tiny_arch):
     assert result.alpha_exact == 1.0  # greedy: q one-hot of the draft argmax = the target argmax
     # a budget that is not a multiple of k+1: all steps but the last are full, the last is truncated
     result = SpeculativeDecoder(model, drafter=SelfDrafter(k=K), ignore_eos=True).generate(prompt_ids(), 12)
-    assert result.accepted_lengths == [K, K, K] and result.emitted_per_step == [5, 5, 2]
+    # the last step has 2 tokens left: the drafter is asked for 1 node (the bonus brings the second), not K
+    assert result.draft_sizes == [K, K, 1]
+    assert result.accepted_lengths == [K, K, 1] and result.emitted_per_step == [5, 5, 2]
     assert result.stop_reason == "max_new_tokens" and result.num_new_tokens == 12
 
 
@@ -112,8 +114,14 @@ def test_self_drafter_tau_is_k_plus_one(tiny_arch):
 def test_random_drafter_alpha_and_tau():
     model = tiny_model("llama")
     result = SpeculativeDecoder(model, drafter=RandomDrafter(320, k=3), ignore_eos=True).generate(prompt_ids(), 20)
-    assert result.alpha_exact == pytest.approx(1 / 320)  # uniform q against a one-hot greedy p
+    # greedy: every draft is a point mass, so alpha is the share of verified positions whose draft is the argmax
+    assert result.alpha_count == sum(result.depth_attempted)
+    assert result.alpha_exact == sum(result.depth_accepted) / sum(result.depth_attempted)
     assert 1.0 <= result.tau < 1.5
+    # sampling: the drafts are uniform draws, so alpha is the mean over positions of sum_x min(p(x), 1/V)
+    sampled = SpeculativeDecoder(model, drafter=RandomDrafter(320, k=3), ignore_eos=True, temperature=1.0)
+    result = sampled.generate(prompt_ids(), 8, seed=0)
+    assert 0.0 < result.alpha_exact < 1.0 and result.alpha_count == sum(result.depth_attempted)
 
 
 # -- stopping rules ----------------------------------------------------------------------------------------------
