@@ -368,7 +368,7 @@ class SpeculativeDecoder:
             accepted = [int(a) for a in values[2 : 2 + int(values[0])]]
         bonus = int(values[1])
         # Per-row acceptance probability of the row's first child (computed on the device, read at the end).
-        first_child = structure.children_index(logits.device)[:, 0].clamp(min=0)  # [n+1]
+        first_child = structure.first_children(logits.device)  # [n+1]
         child_tokens = node_tokens.index_select(0, first_child)
         if self.sampling.greedy:
             row_alpha = (argmax == child_tokens).double()
@@ -395,8 +395,8 @@ class SpeculativeDecoder:
             if depth <= len(accepted):
                 result.depth_accepted[depth - 1] += 1
         result.alpha_count += len(alpha_rows)
-        if len(alpha_rows) == 1:
-            return row_alpha[0]
+        if alpha_rows == list(range(len(alpha_rows))):  # rows 0..m-1 (always so for chains): a slice
+            return row_alpha[: len(alpha_rows)].sum()
         return row_alpha.index_select(0, torch.tensor(alpha_rows, device=row_alpha.device)).sum()
 
 

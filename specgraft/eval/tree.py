@@ -130,6 +130,10 @@ class TreeStructure:
             return block.masked_fill_(~self.tree_visibility(), torch.finfo(dtype).min)
         return self._cached(f"additive_block_{dtype}", device, build)
 
+    def first_children(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """[n+1] int64 first child of each row (0 for rows without children: callers mask those rows)."""
+        return self._cached("first_children", device, lambda: self.children_index()[:, 0].clamp(min=0))
+
     def children_index(self, device: torch.device | str | None = None) -> torch.Tensor:
         """[n+1, C] int64 children of each row, padded with -1 (C = the most children of any row, at least 1)."""
         def build() -> torch.Tensor:
@@ -229,11 +233,11 @@ class DraftTree:
     def problems(self, vocab_size: int, need_q: bool = False) -> torch.Tensor:
         """[2] int64 on the tree's device, no host read: (any token outside the vocab, any sampled token with
         q(token) = 0 when ``need_q``). The decoder reads it with the step's verdict and raises then."""
-        bad_range = ((self.tokens < 0) | (self.tokens >= vocab_size)).any()
-        bad_q = torch.zeros((), dtype=torch.bool, device=self.tokens.device)
-        if need_q and self.sampled and self.q is not None and self.size:
-            safe = self.tokens.clamp(0, vocab_size - 1).unsqueeze(1)
-            bad_q = (self.q.gather(1, safe).squeeze(1) <= 0).any()
+        safe = self.tokens.clamp(0, vocab_size - 1)
+        bad_range = (safe != self.tokens).any()
+        if not (need_q and self.sampled and self.q is not None and self.size):
+            return torch.stack([bad_range, torch.zeros_like(bad_range)]).long()
+        bad_q = (self.q.gather(1, safe.unsqueeze(1)).squeeze(1) <= 0).any()
         return torch.stack([bad_range, bad_q]).long()
 
     def raise_problems(self, vocab_size: int, flags: Sequence[int]) -> None:

@@ -131,6 +131,10 @@ def greedy_verdict(structure: TreeStructure, tokens: torch.Tensor, target_argmax
     if n == 0:
         return torch.stack([torch.full_like(target_argmax[0], -1), target_argmax[0]])
     device = tokens.device
+    if structure.chain:
+        # A chain: the accepted length is the run of leading matches.
+        accepted = (tokens == target_argmax[:-1]).cumprod(0).sum()
+        return torch.stack([accepted - 1, target_argmax[accepted]])
     match = tokens == target_argmax.index_select(0, structure.parent_rows(device))  # [n]
     # Only the first matching sibling counts (verify_greedy takes the first child equal to the argmax).
     match = match & ~(structure.earlier_siblings(device) & match.unsqueeze(0)).any(1)
