@@ -15,6 +15,16 @@ drift hits all alike) and the per-prompt time is the median over repeats.
 
     python benchmarks/bench_decoder_overhead.py
     python benchmarks/bench_decoder_overhead.py --draft runs/draft/final --max-new-tokens 200 --repeats 5
+
+``--oracle`` measures the decoder's own loop overhead per step instead: a zero-cost oracle drafter proposes exactly
+the target's greedy continuation (precomputed by plain decoding), as a chain of ``k`` tokens or as a tree with one
+wrong sibling after each right node (``2k`` nodes, so the accepted rows are not a prefix of the verified ones and
+the KV rollback has to move rows). The target's forwards are timed by hooks; overhead per step = (wall time -
+time inside target forwards) / steps: everything the decoder does between forwards (tree inputs, masks,
+verification, statistics, KV rollback, drafter bookkeeping).
+
+    python benchmarks/bench_decoder_overhead.py --oracle
+    PYTHONPATH=/path/to/other/checkout python benchmarks/bench_decoder_overhead.py --oracle   # compare two versions
 """
 
 from __future__ import annotations
@@ -33,7 +43,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specgraft.eval import metrics
 from specgraft.eval.decoder import GenerationResult, SpeculativeDecoder
+from specgraft.eval.drafter import DraftContext, Drafter
 from specgraft.eval.drafters import DraftModelDrafter, SelfDrafter
+from specgraft.eval.tree import DraftTree
 from specgraft.utils.io import atomic_write_json
 
 SHARED = Path(os.environ.get("SPECGRAFT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -74,6 +86,101 @@ def forward_cost(model, length: int, repeats: int, device: torch.device) -> floa
     return min(times)
 
 
+class OracleDrafter(Drafter):
+    """Drafts the precomputed greedy continuation of the current prompt (set :attr:`continuation` before each
+    ``generate``): every draft is accepted under greedy decoding and drafting costs nothing but a slice.
+
+    ``tree=False``: a chain of ``k`` right tokens. ``tree=True``: at each depth the right token (first child, so it
+    is tried first) and one wrong sibling (``right + 1`` mod V), both children of the previous right node.
+    """
+
+    def __init__(self, k: int, vocab_size: int, tree: bool) -> None:
+        self.k, self.vocab_size, self.tree = k, vocab_size, tree
+        self.continuation: list[int] = []
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        done = ctx.length - ctx.prompt_length  # continuation tokens already emitted (the root is the last one)
+        depth = min(self.k, ctx.max_depth, max(ctx.remaining_tokens - 1, 0))
+        right = self.continuation[done : done + depth]
+        device = ctx.token_ids.device
+        if not right:
+            return DraftTree.empty(device)
+        if not self.tree:
+            return DraftTree.chain(torch.tensor(right, dtype=torch.long, device=device))
+        tokens, parents = [], []
+        for d, tok in enumerate(right):
+            parent = 2 * (d - 1) if d else -1  # the previous right node
+            tokens += [tok, (tok + 1) % self.vocab_size]
+            parents += [parent, parent]
+        return DraftTree(tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+                         parents=torch.tensor(parents, dtype=torch.long, device=device))
+
+
+class ForwardTimer:
+    """Accumulates wall time spent inside ``model.forward`` (forward pre/post hooks on the top-level module)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.device, self.seconds, self._start = device, 0.0, 0.0
+        model.register_forward_pre_hook(self._pre)
+        model.register_forward_hook(self._post)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _pre(self, module, args) -> None:
+        self._sync()
+        self._start = time.perf_counter()
+
+    def _post(self, module, args, output) -> None:
+        self._sync()
+        self.seconds += time.perf_counter() - self._start
+
+
+def oracle_overhead(target, tok, prompts: list[str], args, device: torch.device) -> int:
+    """The ``--oracle`` benchmark: decoder loop overhead per step, plain vs oracle chain vs oracle tree."""
+    vocab = int(target.config.vocab_size)
+    plain = SpeculativeDecoder(target, tok, ignore_eos=True)
+    continuations = [plain.generate(p, args.max_new_tokens + K + 1).generated_ids for p in prompts]
+    oracles = {"oracle-chain": OracleDrafter(K, vocab, tree=False), "oracle-tree": OracleDrafter(K, vocab, tree=True)}
+    methods = {"plain": plain, **{name: SpeculativeDecoder(target, tok, drafter=o, ignore_eos=True)
+                                  for name, o in oracles.items()}}
+    timer = ForwardTimer(target, device)
+    # samples[name][prompt] = list of (wall s, forward s, steps, tokens, generated ids) over repeats
+    samples: dict[str, list[list[tuple[float, float, int, int, list[int]]]]] = {n: [[] for _ in prompts]
+                                                                               for n in methods}
+    for repeat in range(args.repeats + 1):  # repeat 0 is the warm-up
+        for i, prompt in enumerate(prompts):
+            for name, dec in methods.items():
+                if name in oracles:
+                    oracles[name].continuation = continuations[i]
+                timer.seconds = 0.0
+                r = dec.generate(prompt, args.max_new_tokens)
+                if repeat:
+                    samples[name][i].append((r.wall_time_s, timer.seconds, r.num_steps, r.num_new_tokens,
+                                             r.generated_ids))
+    print(f"decoder loop overhead, stories260K on {device} ({args.threads} thread(s)), {len(prompts)} prompts, "
+          f"max_new_tokens={args.max_new_tokens}, {args.repeats} repeats (median per prompt), greedy, zero-cost "
+          f"oracle drafter, k={K}")
+    header = (f"{'method':<13} {'nodes':>5} {'tau':>5} {'steps':>6} {'wall ms/step':>12} {'fwd ms/step':>11} "
+              f"{'overhead ms/step':>16} {'tok/s':>8}")
+    print(header)
+    print("-" * len(header))
+    lossless = True
+    for name, per_prompt in samples.items():
+        wall = sum(statistics.median(s[0] for s in runs) for runs in per_prompt)
+        fwd = sum(statistics.median(s[1] for s in runs) for runs in per_prompt)
+        steps = sum(runs[0][2] for runs in per_prompt)
+        tokens = sum(runs[0][3] for runs in per_prompt)
+        lossless &= all(runs[0][4] == c[: len(runs[0][4])] for runs, c in zip(per_prompt, continuations))
+        nodes = 0 if name == "plain" else (2 * K if oracles[name].tree else K)
+        print(f"{name:<13} {nodes:>5} {tokens / steps:>5.2f} {steps:>6} {1e3 * wall / steps:>12.3f} "
+              f"{1e3 * fwd / steps:>11.3f} {1e3 * (wall - fwd) / steps:>16.3f} {tokens / wall:>8.1f}")
+    print("overhead = wall time outside the target's forwards (prefill included in fwd) per verification step")
+    print(f"lossless (every method's tokens == plain greedy): {lossless}")
+    return 0 if lossless else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stories-dir", type=Path, default=SHARED / "models" / "stories260K",
@@ -86,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny models: 1 is fastest)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument("--oracle", action="store_true",
+                        help="measure the decoder's loop overhead per step with a zero-cost oracle drafter")
     args = parser.parse_args(argv)
 
     from specgraft.llama2c import convert_llama2c
@@ -98,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                                  Path(tmp) / "stories260K")
         target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
         tok = AutoTokenizer.from_pretrained(folder)
+    if args.oracle:
+        return oracle_overhead(target, tok, prompts, args, device)
 
     methods: dict[str, SpeculativeDecoder] = {"plain": SpeculativeDecoder(target, tok)}
     methods[f"self-k{K}"] = SpeculativeDecoder(target, tok, drafter=SelfDrafter(k=K))

@@ -165,7 +165,7 @@ def build_drafter(args: argparse.Namespace, target: Any, dtype: Any, device: str
     if args.drafter == "random":
         if mode == "tree":
             raise SpecgraftError("the random drafter drafts chains only; drop --mode tree / --branching")
-        return RandomDrafter(target.vocab_size, k=k, seed=args.seed), {"type": "random", "path": None,
+        return RandomDrafter(target.vocab_size, k=k), {"type": "random", "path": None,
                                                                        "mode": "chain", **info}
     if args.drafter == "self":
         return SelfDrafter(k=k, tree_topk=branching), {"type": "self", "path": None, "mode": mode, **info}

@@ -6,6 +6,10 @@ Each step: the drafter proposes a tree below the root (the last accepted token);
 the cache keeps only the root's and the accepted nodes' keys/values. With ``drafter=None`` the tree is empty and the
 same loop is plain autoregressive decoding, so baseline and speculative runs count tokens and forwards identically.
 
+The loop reads the device once per step: the verdict (accepted path, bonus token) together with the draft's
+tokens and its validity flags. Tree shapes, masks and position offsets come from the cached
+:class:`~specgraft.eval.tree.TreeStructure`; the KV rollback moves only the accepted rows that are out of place.
+
 Batch size > 1 is out of scope: a batch of prompts would accept paths of different lengths per row.
 """
 
@@ -21,15 +25,11 @@ import torch
 from specgraft.errors import SpecgraftError
 from specgraft.eval import kv
 from specgraft.eval.drafter import DraftContext, Drafter
-from specgraft.eval.tree import (
-    DraftTree,
-    children_table,
-    is_chain,
-    prune_to_depth,
-    verification_inputs,
-    visibility,
-)
-from specgraft.eval.verify import SamplingParams, process_logits, verify_greedy, verify_sampling
+from specgraft.eval.tree import DraftTree, TreeStructure, prune_to_depth
+from specgraft.eval.verify import SamplingParams, greedy_verdict, process_logits, verify_sampling
+
+#: Token slots the decoder's device-side history grows by (doubling when full).
+_TOKEN_BUFFER_STEP = 256
 
 #: Why generation stopped.
 STOP_EOS, STOP_MAX_NEW_TOKENS, STOP_CONTEXT = "eos", "max_new_tokens", "context_limit"
@@ -50,9 +50,11 @@ class GenerationResult:
         depth_attempted: ``depth_attempted[d-1]`` = steps in which at least one depth-``d`` node was verified with
             its parent accepted (i.e. the accepted path reached depth ``d-1`` and the node there had children).
         depth_accepted: ``depth_accepted[d-1]`` = steps in which a depth-``d`` node was accepted.
-        alpha_sum, alpha_count: sum and count of ``sum_x min(p, q)`` over verified positions (every accepted-path
-            row, root included, that has children; ``q`` of its first child, ``p`` the processed target
-            distribution, one-hot at temperature 0). Zero count when the drafter reports no ``q``.
+        alpha_sum, alpha_count: sum and count of the per-position acceptance probability over verified positions
+            (every accepted-path row, root included, that has children), for the row's first child: ``sum_x
+            min(p, q)`` with the child's ``q`` when the draft is sampled, ``p(token)`` of the drafted token when it
+            is deterministic (greedy chains, top-k trees, Medusa: q is a point mass); ``p`` is the processed
+            target distribution, one-hot at temperature 0, so greedy alpha counts drafts equal to the argmax.
         num_target_forwards: target forwards, the prefill included.
         wall_time_s: wall-clock seconds for the whole generation (prefill, drafting, verification).
         draft_time_s: the part of ``wall_time_s`` spent in ``Drafter.propose`` / ``accept``.
@@ -185,6 +187,7 @@ class SpeculativeDecoder:
         self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
         self.eos_ids = frozenset() if ignore_eos else _eos_ids(self.model, self.tokenizer, eos_token_id)
         self.device = kv.model_device(self.model)
+        self.dtype = kv.model_dtype(self.model)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self.drafter = drafter
@@ -222,8 +225,7 @@ class SpeculativeDecoder:
         tokens = list(prompt_ids)
         cache = kv.new_cache()
         hidden_size = int(kv.text_config(self.model).hidden_size)
-        dtype = kv.model_dtype(self.model)
-        hidden = {i: torch.zeros(0, hidden_size, dtype=dtype, device=self.device) for i in needs}
+        hidden = {i: torch.zeros(0, hidden_size, dtype=self.dtype, device=self.device) for i in needs}
         hidden_start = 0
         nothing_to_do = max_new_tokens == 0 or (self.max_positions is not None and len(tokens) >= self.max_positions)
         if len(tokens) > 1 and not nothing_to_do:
@@ -232,56 +234,78 @@ class SpeculativeDecoder:
                              output_hidden_states=bool(needs), logits_to_keep=1)
             result.num_target_forwards += 1
             hidden = {i: out.hidden_states[i][0] for i in needs}  # [L-1, H] each
+        # Accepted tokens on the device for DraftContext (written as they are accepted, read as a view).
+        token_buffer = torch.tensor(tokens + [0] * min(max_new_tokens, _TOKEN_BUFFER_STEP), dtype=torch.long,
+                                    device=self.device)
+        alpha_total = torch.zeros((), dtype=torch.float64, device=self.device)
         stop = None
         while stop is None:
             length = len(tokens)
-            if len(result.generated_ids) >= max_new_tokens:
+            remaining = max_new_tokens - len(result.generated_ids)
+            if remaining <= 0:
                 stop = STOP_MAX_NEW_TOKENS
                 break
             if self.max_positions is not None and length >= self.max_positions:
                 stop = STOP_CONTEXT
                 break
-            max_depth = self.max_positions - length - 1 if self.max_positions is not None else 1 << 30
-            tree, kept = self._propose(result, tokens, len(prompt_ids), hidden_start, hidden, max_depth,
-                                       max_new_tokens - len(result.generated_ids))
-            result.draft_sizes.append(tree.size)
+            context_depth = self.max_positions - length - 1 if self.max_positions is not None else 1 << 30
+            # A step emits the accepted nodes plus a bonus token: nodes deeper than remaining - 1 can never count.
+            max_depth = min(context_depth, remaining - 1)
+            tree, kept, structure = self._propose(result, token_buffer[:length], len(prompt_ids), hidden_start,
+                                                  hidden, max_depth, remaining)
+            n = structure.size
+            result.draft_sizes.append(n)
             past = length - 1
-            ids, pos = verification_inputs(tree, tokens[-1], past)
-            if is_chain(tree.parents):
+            root = token_buffer[past : length]  # [1]
+            node_tokens = tree.tokens.clamp(0, self.vocab_size - 1)  # out-of-range ids are flagged, not embedded
+            ids = torch.cat([root, node_tokens]).unsqueeze(0)  # [1, n+1]
+            if structure.chain:
                 # [root] + a chain is an ordinary causal continuation: the model's own causal (and sliding-window)
                 # mask and default positions equal the tree mask, and its fused causal attention path is faster.
                 out = self.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(needs))
             else:
-                key_pos = torch.cat([torch.arange(past, device=self.device), pos[0]])
-                out = kv.masked_forward(self.model, self.layout, cache, ids, pos[0], key_pos,
-                                        visibility(tree.parents, past), output_hidden_states=bool(needs))
+                pos = structure.row_depths(self.device) + past  # [n+1]
+                key_pos = torch.cat([torch.arange(past, device=self.device), pos])
+                mask = self.layout.tree_mask(structure, past, pos, key_pos, self.dtype)
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos.unsqueeze(0), cache=cache,
+                                 use_cache=True, output_hidden_states=bool(needs))
             result.num_target_forwards += 1
             logits = out.logits[0]  # [n+1, V]
-            accepted, bonus = self._verify(tree, logits, result)
+            accepted, bonus, row_alpha = self._verify(tree, structure, node_tokens, logits)
 
-            node_tokens = tree.tokens.tolist()
-            emitted = [node_tokens[a] for a in accepted] + [bonus]
-            keep_n = min(len(emitted), max_new_tokens - len(result.generated_ids))
+            emitted = accepted[1] + [bonus]
+            accepted = accepted[0]
+            keep_n = min(len(emitted), remaining)
             eos_at = next((j for j, t in enumerate(emitted[:keep_n]) if t in self.eos_ids), None)
             if eos_at is not None:
                 keep_n, stop = eos_at + 1, STOP_EOS
             elif keep_n < len(emitted):
                 stop = STOP_MAX_NEW_TOKENS
-            tokens.extend(emitted[:keep_n])
-            result.generated_ids.extend(emitted[:keep_n])
+            kept_tokens = emitted[:keep_n]
+            if length + keep_n > token_buffer.shape[0]:
+                token_buffer = torch.cat([token_buffer, torch.zeros_like(token_buffer)])
+            token_buffer[length : length + keep_n] = torch.tensor(kept_tokens, dtype=torch.long)
+            tokens.extend(kept_tokens)
+            result.generated_ids.extend(kept_tokens)
             result.accepted_lengths.append(len(accepted))
             result.emitted_per_step.append(keep_n)
+            if n:
+                alpha_total += self._record_depths(result, structure, accepted, row_alpha)
             if stop is not None:
                 break
             # Keep the root's and the accepted nodes' keys/values; the rest of the tree is dropped.
             kv.keep_positions(cache, past + 1, accepted)
-            rows = torch.tensor([0] + [a + 1 for a in accepted], device=self.device)
-            hidden = {i: out.hidden_states[i][0].index_select(0, rows) for i in needs}
+            if accepted == list(range(len(accepted))):
+                hidden = {i: out.hidden_states[i][0][: len(accepted) + 1] for i in needs}  # a view, no copy
+            else:
+                rows = torch.tensor([0] + [a + 1 for a in accepted], device=self.device)
+                hidden = {i: out.hidden_states[i][0].index_select(0, rows) for i in needs}
             hidden_start = past
-            if self.drafter is not None:
+            if kept is not None:
                 t0 = time.perf_counter()
                 self.drafter.accept([kept[a] for a in accepted], bonus)
                 result.draft_time_s += time.perf_counter() - t0
+        result.alpha_sum = float(alpha_total)
         _sync(self.device)
         result.wall_time_s = time.perf_counter() - start
         result.stop_reason = stop
@@ -290,55 +314,90 @@ class SpeculativeDecoder:
         return result
 
     # ------------------------------------------------------------------------------------------------------------
-    def _propose(self, result: GenerationResult, tokens: list[int], prompt_length: int, hidden_start: int,
-                 hidden: dict[int, torch.Tensor], max_depth: int, remaining: int) -> tuple[DraftTree, list[int]]:
-        if self.drafter is None:
-            return DraftTree.empty(self.device), []
-        ctx = DraftContext(token_ids=torch.tensor(tokens, dtype=torch.long, device=self.device),
-                           prompt_length=prompt_length, hidden_start=hidden_start, hidden_states=hidden,
-                           sampling=self.sampling, generator=self.generator, max_depth=max_depth,
-                           remaining_tokens=remaining)
+    def _propose(self, result: GenerationResult, token_ids: torch.Tensor, prompt_length: int, hidden_start: int,
+                 hidden: dict[int, torch.Tensor], max_depth: int,
+                 remaining: int) -> tuple[DraftTree, list[int] | None, TreeStructure]:
+        if self.drafter is None or max_depth <= 0:
+            # Nothing could be verified (last token of the budget or the context): the drafter is not consulted.
+            tree = DraftTree.empty(self.device)
+            return tree, None, tree.get_structure()
+        ctx = DraftContext(token_ids=token_ids, prompt_length=prompt_length, hidden_start=hidden_start,
+                           hidden_states=hidden, sampling=self.sampling, generator=self.generator,
+                           max_depth=max_depth, remaining_tokens=remaining)
         t0 = time.perf_counter()
         tree = self.drafter.propose(ctx)
         result.draft_time_s += time.perf_counter() - t0
-        tree.validate(self.vocab_size, need_q=not self.sampling.greedy)
+        tree.check_shapes(self.vocab_size, need_q=not self.sampling.greedy)
         tree = DraftTree(tokens=tree.tokens.to(self.device), parents=tree.parents.to(self.device),
-                         q=tree.q.to(self.device) if tree.q is not None else None, sampled=tree.sampled)
-        return prune_to_depth(tree, max_depth)
+                         q=tree.q.to(self.device) if (tree.q is not None and tree.sampled) else None,
+                         sampled=tree.sampled, structure=tree.get_structure())
+        tree, kept = prune_to_depth(tree, max_depth)
+        return tree, kept, tree.get_structure()
 
-    def _verify(self, tree: DraftTree, logits: torch.Tensor, result: GenerationResult) -> tuple[list[int], int]:
-        """Pick the accepted path and bonus; record per-depth and alpha statistics."""
-        n = tree.size
-        probs = None
+    def _verify(self, tree: DraftTree, structure: TreeStructure, node_tokens: torch.Tensor,
+                logits: torch.Tensor) -> tuple[tuple[list[int], list[int]], int, torch.Tensor | None]:
+        """Pick the accepted path and bonus with ONE device read (which also carries the draft's validity flags).
+
+        Returns ``((accepted node indices, their tokens), bonus, row_alpha)``: ``row_alpha`` [n+1] is each row's
+        acceptance probability for its first child (see ``GenerationResult.alpha_sum``; rows without children hold
+        0), None for an empty tree.
+        """
+        n = structure.size
+        sampled = tree.sampled and not self.sampling.greedy
         if self.sampling.greedy:
-            accepted, bonus = verify_greedy(tree.parents, tree.tokens, logits.argmax(-1))
+            argmax = logits.argmax(-1)  # [n+1]
+            verdict = greedy_verdict(structure, node_tokens, argmax)  # [2] (last node, bonus)
         else:
             probs = process_logits(logits, self.sampling)  # [n+1, V]
-            q = tree.q.unsqueeze(0) if (tree.sampled and n) else None
-            verdict = verify_sampling(tree.parents, tree.tokens.unsqueeze(0), probs.unsqueeze(0), q, tree.sampled,
-                                      self.generator)
-            accepted, bonus = verdict.path[0].tolist(), int(verdict.bonus[0])
+            q = tree.q.unsqueeze(0) if sampled and n else None
+            result = verify_sampling(structure, node_tokens.unsqueeze(0), probs.unsqueeze(0), q, sampled,
+                                     self.generator, trim=False)
+            verdict = torch.cat([result.num_accepted, result.bonus, result.path[0]])
         if n == 0:
-            return accepted, bonus
-        table = children_table(tree.parents)
+            values = verdict.tolist()
+            return ([], []), int(values[1]), None
+        flags = tree.problems(self.vocab_size, need_q=sampled)
+        values = torch.cat([verdict, flags, tree.tokens]).tolist()  # the step's one device read
+        width = verdict.shape[0]
+        if values[width] or values[width + 1]:
+            tree.raise_problems(self.vocab_size, values[width : width + 2])
+        node_values = values[width + 2 :]
+        if self.sampling.greedy:
+            accepted = structure.path_to(int(values[0]))
+        else:
+            accepted = [int(a) for a in values[2 : 2 + int(values[0])]]
+        bonus = int(values[1])
+        # Per-row acceptance probability of the row's first child (computed on the device, read at the end).
+        first_child = structure.first_children(logits.device)  # [n+1]
+        child_tokens = node_tokens.index_select(0, first_child)
+        if self.sampling.greedy:
+            row_alpha = (argmax == child_tokens).double()
+        elif sampled:
+            row_alpha = torch.minimum(probs, tree.q.index_select(0, first_child).float()).sum(-1).double()
+        else:
+            row_alpha = probs.gather(1, child_tokens.unsqueeze(1)).squeeze(1).double()
+        return (accepted, [node_values[a] for a in accepted]), bonus, row_alpha
+
+    @staticmethod
+    def _record_depths(result: GenerationResult, structure: TreeStructure, accepted: list[int],
+                       row_alpha: torch.Tensor) -> torch.Tensor:
+        """Per-depth attempted/accepted counts and the alpha of the accepted path's rows (a device scalar)."""
         path_rows = [0] + [a + 1 for a in accepted]
+        alpha_rows = []
         for depth, row in enumerate(path_rows, start=1):
-            if not table[row]:
+            if not structure.children[row]:
                 break
+            alpha_rows.append(row)
             while len(result.depth_attempted) < depth:
                 result.depth_attempted.append(0)
                 result.depth_accepted.append(0)
             result.depth_attempted[depth - 1] += 1
             if depth <= len(accepted):
                 result.depth_accepted[depth - 1] += 1
-        if tree.q is not None:
-            rows = [r for r in path_rows if table[r]]
-            first_child = torch.tensor([table[r][0] for r in rows], device=logits.device)
-            p_rows = (probs if probs is not None else process_logits(logits, self.sampling))[rows]  # [m, V]
-            alphas = torch.minimum(p_rows, tree.q.index_select(0, first_child).float()).sum(-1)
-            result.alpha_sum += float(alphas.sum())
-            result.alpha_count += len(rows)
-        return accepted, bonus
+        result.alpha_count += len(alpha_rows)
+        if alpha_rows == list(range(len(alpha_rows))):  # rows 0..m-1 (always so for chains): a slice
+            return row_alpha[: len(alpha_rows)].sum()
+        return row_alpha.index_select(0, torch.tensor(alpha_rows, device=row_alpha.device)).sum()
 
 
 @torch.no_grad()

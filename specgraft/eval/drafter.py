@@ -59,8 +59,10 @@ class DraftContext:
             that samples should draw from a distribution it reports as ``q`` (usually its own logits processed with
             the same settings, via :func:`specgraft.eval.verify.process_logits`).
         generator: the decoder's seeded generator; drafters that sample should draw from it, so a seed fixes a run.
-        max_depth: the deepest node the decoder can verify (context limit); deeper nodes are pruned. At least 0.
-        remaining_tokens: how many tokens the decoder may still emit (``max_new_tokens`` budget); advisory.
+        max_depth: the deepest node worth drafting: the context limit, and ``remaining_tokens - 1`` (a step emits
+            the accepted nodes plus a bonus token, so deeper nodes could never be emitted). Deeper nodes are pruned
+            by the decoder; drafters should not compute them. At least 1 (with 0 the decoder skips the drafter).
+        remaining_tokens: how many tokens the decoder may still emit (``max_new_tokens`` budget).
     """
 
     token_ids: torch.Tensor
@@ -108,5 +110,6 @@ class Drafter(ABC):
     def accept(self, accepted_node_indices: Sequence[int], bonus_token: int) -> None:  # noqa: B027 - optional hook
         """The verdict on the last proposed tree: nodes accepted root-to-leaf (indices into that tree) and the
         bonus token the target emitted after them. Not called when decoding stops after the step (EOS, budget,
-        context). The next ``propose`` sees ``token_ids`` extended by the accepted tokens and the bonus (the new
-        root), with the target's hidden states for the old root and the accepted nodes."""
+        context), nor after a step for which ``propose`` was not called. The next ``propose`` sees ``token_ids``
+        extended by the accepted tokens and the bonus (the new root), with the target's hidden states for the old
+        root and the accepted nodes."""

@@ -7,6 +7,9 @@
 * :class:`SelfDrafter` is a DraftModelDrafter whose draft is the target itself: under greedy decoding every draft is
   accepted, so tau equals ``k + 1`` exactly (a check of the whole pipeline).
 * :class:`RandomDrafter` proposes uniformly random tokens (tau about 1; a check that rejections are handled).
+
+Drafts never go deeper than ``ctx.max_depth`` (the context limit and the ``max_new_tokens`` budget), and only
+sampled drafts carry ``q`` rows: deterministic ones are point masses to the verifier and to ``alpha_exact``.
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ class DraftModelDrafter(Drafter):
         frontier: list[tuple[int, torch.Tensor]] = [(-1, out.logits[0, -1])]  # (node index or -1 = root, logits)
         tokens: list[int] = []
         parents: list[int] = []
-        q_rows: list[torch.Tensor] = []
+        q_rows: list[torch.Tensor] = []  # only for a sampled draft: the distribution each node was drawn from
         sampled = not ctx.sampling.greedy and self.sibling_mode == "iid"
         slot_positions = list(range(length))
         for d in range(1, depth + 1):
@@ -130,7 +133,8 @@ class DraftModelDrafter(Drafter):
                     level.append(len(tokens))
                     tokens.append(int(tok))
                     parents.append(parent)
-                    q_rows.append(probs)
+                    if sampled:
+                        q_rows.append(probs)
             if d == depth:
                 break
             past = kv.cache_length(self._cache)
@@ -160,8 +164,7 @@ class DraftModelDrafter(Drafter):
             slot_positions.extend([length - 1 + d] * len(level))
             frontier = [(node, out.logits[0, row]) for row, node in enumerate(level)]
         q = torch.stack(q_rows).to(target_device) if q_rows else None
-        return DraftTree(tokens=torch.tensor(tokens, dtype=torch.long, device=target_device),
-                         parents=torch.tensor(parents, dtype=torch.long, device=target_device), q=q, sampled=sampled)
+        return DraftTree.from_lists(tokens, parents, q=q, sampled=sampled, device=target_device)
 
     def accept(self, accepted_node_indices: Sequence[int], bonus_token: int) -> None:
         # The accepted nodes that were fed sit at increasing slots at positions L, L+1, ...: keep exactly those.
@@ -194,29 +197,30 @@ class SelfDrafter(DraftModelDrafter):
 class RandomDrafter(Drafter):
     """A chain of ``k`` tokens drawn uniformly from the vocabulary (``q`` uniform, ``sampled=True``).
 
-    Its generator is reseeded with ``seed`` at every :meth:`reset`, so each prompt sees the same draws.
+    Every draw comes from the decoder's generator (``ctx.generator``), fresh at each call: the drafts really are
+    independent uniform draws, as the reported ``q`` says, so sampling verification stays lossless, and the
+    decoder's seed fixes a run. (Reseeding a private generator per prompt would repeat the same "random" drafts on
+    every call with the same history: deterministic drafts labelled sampled, which biases the output.)
     """
 
-    def __init__(self, vocab_size: int, k: int = 4, seed: int = 0) -> None:
+    def __init__(self, vocab_size: int, k: int = 4) -> None:
         if int(k) != k or k < 1:
             raise SpecgraftError(f"draft length k must be a positive integer, got {k}")
         self.vocab_size = int(vocab_size)
         self.k = int(k)
-        self.seed = int(seed)
-        self._generator = torch.Generator()
-        self._generator.manual_seed(self.seed)
 
     def bind(self, target: Any, tokenizer: Any = None) -> None:
         if _vocab_size(target) != self.vocab_size:
             raise TargetMismatchError(f"RandomDrafter vocab size {self.vocab_size} != target vocab size "
                                       f"{_vocab_size(target)}; build it with the target's vocab size")
 
-    def reset(self) -> None:
-        self._generator.manual_seed(self.seed)
-
     def propose(self, ctx: DraftContext) -> DraftTree:
         k = min(self.k, ctx.max_depth)
         device = ctx.token_ids.device
-        tokens = torch.randint(0, self.vocab_size, (k,), generator=self._generator).to(device)
-        q = torch.full((k, self.vocab_size), 1.0 / self.vocab_size, device=device)
-        return DraftTree.chain(tokens, q=q, sampled=True)
+        if k <= 0:
+            return DraftTree.empty(device)
+        gen_device = ctx.generator.device if ctx.generator is not None else device
+        tokens = torch.randint(0, self.vocab_size, (k,), generator=ctx.generator, device=gen_device).to(device)
+        sampled = not ctx.sampling.greedy
+        q = torch.full((k, self.vocab_size), 1.0 / self.vocab_size, device=device) if sampled else None
+        return DraftTree.chain(tokens, q=q, sampled=sampled)

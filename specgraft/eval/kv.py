@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specgraft.errors import SpecgraftError
-from specgraft.eval.tree import additive_mask
+from specgraft.eval.tree import TreeStructure, additive_mask, visibility
 
 #: Attention kernels that honour an arbitrary 4D additive mask.
 MASKABLE_ATTENTION = ("eager", "sdpa")
@@ -52,6 +52,25 @@ class AttentionLayout:
                                 self.sliding_window if kind == "sliding_attention" else None)
             for kind in self.kinds
         }
+        return masks if self.per_type else masks[self.kinds[0]]
+
+    def tree_mask(self, structure: TreeStructure, past: int, query_positions: torch.Tensor,
+                  key_positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The verification mask of ``[root] + nodes`` after ``past`` cached positions (every prefix key visible).
+
+        Full-attention layers reuse the structure's cached additive block (no per-step rebuild); sliding layers
+        also need the positions, so their mask is computed from the visibility.
+        """
+        masks: dict[str, torch.Tensor] = {}
+        device = query_positions.device
+        for kind in self.kinds:
+            if kind == "sliding_attention":
+                masks[kind] = additive_mask(visibility(structure, past, device), query_positions, key_positions,
+                                            dtype, self.sliding_window)
+            else:
+                block = structure.additive_block(dtype, device)  # [n+1, n+1]
+                prefix = torch.zeros(block.shape[0], past, dtype=dtype, device=device)
+                masks[kind] = torch.cat([prefix, block], dim=1).view(1, 1, block.shape[0], -1)
         return masks if self.per_type else masks[self.kinds[0]]
 
 
@@ -115,26 +134,31 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
 def keep_positions(cache: DynamicCache, start: int, keep: Sequence[int]) -> None:
     """Keep positions ``[0, start)`` plus ``start + j`` for each ``j`` in ``keep`` (ascending), drop the rest.
 
-    This is how an accepted tree path survives: the tree's rows follow the committed prefix in the cache, and only
-    the accepted rows are gathered along the sequence axis of every layer's keys and values.
+    This is how an accepted tree path survives: the tree's rows follow the committed prefix in the cache. Only the
+    accepted rows that are not already in place move (copied down, in place, along the sequence axis of every
+    layer's keys and values); the cache is then cropped, so nothing of the prefix is ever copied.
     """
     _check_layers(cache)
     current = cache_length(cache)
     keep = list(keep)
-    if keep == list(range(len(keep))):
-        # The accepted rows are a prefix of the appended ones (always the case for chains): a crop suffices.
-        crop_cache(cache, start + len(keep))
-        return
-    for layer in cache.layers:
-        if not layer.is_initialized or layer.keys is None:
-            continue
-        idx = torch.cat([torch.arange(start, device=layer.keys.device),
-                         torch.tensor(keep, dtype=torch.long, device=layer.keys.device) + start])
-        if layer.keys.shape[-2] != current:
-            raise SpecgraftError(f"cache layers disagree on length ({layer.keys.shape[-2]} vs {current}); this "
-                                 "architecture's cache is not supported by the speculative decoder")
-        layer.keys = layer.keys.index_select(-2, idx)  # [B, H, start + len(keep), D]
-        layer.values = layer.values.index_select(-2, idx)
+    # Rows keep[:first] are already where they belong (the accepted rows are a prefix up to there).
+    first = next((j for j, k in enumerate(keep) if k != j), len(keep))
+    if first < len(keep):
+        sources: dict[torch.device, torch.Tensor] = {}
+        for layer in cache.layers:
+            if not layer.is_initialized or layer.keys is None:
+                continue
+            if layer.keys.shape[-2] != current:
+                raise SpecgraftError(f"cache layers disagree on length ({layer.keys.shape[-2]} vs {current}); this "
+                                     "architecture's cache is not supported by the speculative decoder")
+            device = layer.keys.device
+            if device not in sources:
+                sources[device] = torch.tensor(keep[first:], dtype=torch.long, device=device) + start
+            src = sources[device]
+            # keep is ascending and keep[j] >= j, so index_select's temporary makes the overlapping move safe.
+            layer.keys[..., start + first : start + len(keep), :] = layer.keys.index_select(-2, src)
+            layer.values[..., start + first : start + len(keep), :] = layer.values.index_select(-2, src)
+    crop_cache(cache, start + len(keep))
 
 
 def model_dtype(model: Any) -> torch.dtype:

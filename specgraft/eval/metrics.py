@@ -9,8 +9,10 @@ Conventions (field notes section 5):
   the node there had children) and ``accepted[d]`` the steps in which a depth-``d`` node was accepted. It is the
   conditional probability of getting one level deeper, so ``tau = 1 + sum_d prod_{j<=d} rate_j`` holds for a
   fixed-depth draft.
-* alpha_exact is the mean of ``sum_x min(p(x), q(x))`` over verified positions: the probability that a token drawn
-  from q would be accepted, without the noise of actual draws.
+* alpha_exact is the mean over verified positions of the probability that the position's first draft is accepted,
+  without the noise of actual draws: ``sum_x min(p(x), q(x))`` for a sampled draft (drawn from q), ``p(token)`` for a
+  deterministic one (greedy chains, top-k trees, Medusa: q is a point mass on the drafted token). In greedy mode p is
+  one-hot, so alpha is the share of drafts equal to the target's argmax, whatever the drafter.
 * Speedup compares tokens/s of speculative and plain decoding of the same target on the same prompts, reported
   both as the mean of per-prompt ratios (Spec-Bench) and as the ratio of totals.
 """
@@ -48,7 +50,8 @@ def add_depth_counts(totals: list[int], counts: Sequence[int]) -> list[int]:
 
 
 def alpha_exact(alpha_sum: float, alpha_count: int) -> float:
-    """Mean of sum_x min(p, q) from its running sum and count; nan without positions."""
+    """Mean per-position acceptance probability (see the module docstring) from its running sum and count; nan
+    without positions."""
     return alpha_sum / alpha_count if alpha_count else float("nan")
 
 

@@ -16,7 +16,8 @@ Outputs in ``out_dir`` (each written atomically):
 * ``tau_by_domain.png``, ``acceptance_by_depth.png``, ``speedup_by_domain.png``.
 
 Metrics (field notes section 5): tau pools verification steps (mean of accepted + 1); acceptance by depth pools
-per-depth counts; alpha_exact pools ``sum_x min(p, q)`` over verified positions (only drafters that report q);
+per-depth counts; alpha_exact pools the per-position acceptance probability over verified positions (``sum_x
+min(p, q)`` for sampled drafts, ``p(token)`` for deterministic ones; see :mod:`specgraft.eval.metrics`);
 tokens/s is total new tokens over total seconds; speedup is the mean of per-prompt tokens/s ratios and the ratio of
 total tokens/s. The lossless check (greedy only) compares each answer's ids with the baseline's, token for token.
 Verification is always lossless: the engine has no lossy (typical) acceptance, so ``settings.lossy`` is False.

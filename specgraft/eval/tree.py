@@ -9,16 +9,152 @@ cached prefix of ``past_len`` tokens. The root sits at position ``past_len`` (de
 ``past_len + depth(i)`` (children of the root have depth 1). Each row attends to the whole cached prefix and to its
 ancestors-or-self among the ``n + 1`` new rows. Row ``r``'s logits are the target's distribution for the children of
 that row, so verifying a tree never needs a second forward.
+
+The shape of a tree (its ``parents``) is summarised once in a :class:`TreeStructure` (depths, children, ancestor
+and visibility blocks, per-device index tensors), cached per distinct shape: static trees (chains, Medusa) and
+repeated dynamic shapes then cost the decoder no Python walks and no device-to-host reads per step.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from specgraft.errors import SpecgraftError
+
+
+class TreeStructure:
+    """The host-side summary of a tree shape, with its device tensors built once per device.
+
+    Build it with :func:`tree_structure` (cached per ``parents`` tuple); raises SpecgraftError for parents that are
+    not topologically ordered.
+
+    Attributes:
+        parents: ``parents[i]`` of each node (-1 = child of the root).
+        depths: depth of each node (1 = child of the root).
+        children: ``children[r]`` = node indices of the children of row ``r`` (row 0 = root, row ``i + 1`` = node i).
+        chain: True for a chain (the empty tree included).
+        max_depth: the deepest node's depth (0 for the empty tree).
+        row_max_children: ``row_max_children[d]`` = most children of any row at depth ``d`` (``d = 0`` is the root).
+    """
+
+    def __init__(self, parents: tuple[int, ...]) -> None:
+        if any(not -1 <= p < i for i, p in enumerate(parents)):
+            raise SpecgraftError(f"draft tree parents {list(parents)} are not topologically ordered (need -1 <= "
+                                 "parents[i] < i); fix the drafter")
+        self.parents = parents
+        depth_list: list[int] = []
+        for p in parents:
+            depth_list.append(1 if p < 0 else depth_list[p] + 1)
+        self.depths = tuple(depth_list)
+        table: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+        for i, p in enumerate(parents):
+            table[p + 1].append(i)
+        self.children = tuple(tuple(c) for c in table)
+        self.chain = parents == tuple(range(-1, len(parents) - 1))
+        self.max_depth = max(depth_list, default=0)
+        row_depths = (0,) + self.depths
+        widest = [0] * (self.max_depth + 1)
+        for row, kids in enumerate(self.children):
+            widest[row_depths[row]] = max(widest[row_depths[row]], len(kids))
+        self.row_max_children = tuple(widest)
+        self._on_device: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's child down to ``node`` (inclusive); [] for ``node == -1``."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def _cached(self, name: str, device: torch.device | str | None, build) -> torch.Tensor:
+        device = torch.device(device if device is not None else "cpu")
+        key = (name, device)
+        if key not in self._on_device:
+            self._on_device[key] = build().to(device)
+        return self._on_device[key]
+
+    def ancestors(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """[n, n] bool: ``A[i, j]`` is True when node ``j`` is node ``i`` or one of its ancestors."""
+        def build() -> torch.Tensor:
+            anc = torch.eye(self.size, dtype=torch.bool)
+            for i, p in enumerate(self.parents):
+                if p >= 0:
+                    anc[i] |= anc[p]
+            return anc
+        return self._cached("ancestors", device, build)
+
+    def tree_visibility(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """[n+1, n+1] bool: which of the ``[root] + nodes`` rows each verification row may attend to."""
+        def build() -> torch.Tensor:
+            n = self.size
+            vis = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+            vis[:, 0] = True  # everything sees the root
+            vis[1:, 1:] = self.ancestors()
+            return vis
+        return self._cached("tree_visibility", device, build)
+
+    def row_depths(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """[n+1] int64 depth of each verification row (0 for the root): position offsets after the prefix."""
+        return self._cached("row_depths", device, lambda: torch.tensor((0,) + self.depths, dtype=torch.long))
+
+    def node_depths(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """[n] int64 depth of each node."""
+        return self._cached("node_depths", device, lambda: torch.tensor(self.depths, dtype=torch.long))
+
+    def parent_rows(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """[n] int64 verification row of each node's parent (``parents + 1``)."""
+        return self._cached("parent_rows", device, lambda: torch.tensor(self.parents, dtype=torch.long) + 1)
+
+    def earlier_siblings(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """[n, n] bool: ``E[i, j]`` is True when ``j < i`` and both nodes share a parent."""
+        def build() -> torch.Tensor:
+            par = torch.tensor(self.parents, dtype=torch.long)
+            idx = torch.arange(self.size)
+            return (par.view(-1, 1) == par.view(1, -1)) & (idx.view(1, -1) < idx.view(-1, 1))
+        return self._cached("earlier_siblings", device, build)
+
+    def additive_block(self, dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:
+        """[n+1, n+1] additive mask among the verification rows: 0 where :meth:`tree_visibility`, else the
+        dtype's minimum (the cached part of the tree mask; the prefix columns are all 0)."""
+        def build() -> torch.Tensor:
+            block = torch.zeros(self.size + 1, self.size + 1, dtype=dtype)
+            return block.masked_fill_(~self.tree_visibility(), torch.finfo(dtype).min)
+        return self._cached(f"additive_block_{dtype}", device, build)
+
+    def first_children(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """[n+1] int64 first child of each row (0 for rows without children: callers mask those rows)."""
+        return self._cached("first_children", device, lambda: self.children_index()[:, 0].clamp(min=0))
+
+    def children_index(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """[n+1, C] int64 children of each row, padded with -1 (C = the most children of any row, at least 1)."""
+        def build() -> torch.Tensor:
+            width = max(max((len(c) for c in self.children), default=0), 1)
+            out = torch.full((self.size + 1, width), -1, dtype=torch.long)
+            for row, kids in enumerate(self.children):
+                if kids:
+                    out[row, : len(kids)] = torch.tensor(kids, dtype=torch.long)
+            return out
+        return self._cached("children_index", device, build)
+
+
+@functools.lru_cache(maxsize=512)
+def tree_structure(parents: tuple[int, ...]) -> TreeStructure:
+    """The (cached) :class:`TreeStructure` of a ``parents`` tuple."""
+    return TreeStructure(parents)
+
+
+def chain_structure(length: int) -> TreeStructure:
+    """The structure of a chain of ``length`` nodes."""
+    return tree_structure(tuple(range(-1, length - 1)))
 
 
 @dataclass
@@ -30,8 +166,8 @@ class DraftTree:
         parents: [n] int64 parent node index, ``-1`` for children of the root; ``parents[i] < i``.
         q: [n, V] float probabilities over the FULL target vocabulary, or None. ``q[i]`` is the draft distribution
             node ``i`` was drawn from (the drafter's distribution at ``i``'s parent), so siblings share one row.
-            Needed for lossless sampling verification when ``sampled`` is True; optional otherwise (then only used
-            for the ``alpha_exact`` statistic).
+            Needed (and only read) when ``sampled`` is True; deterministic drafts should leave it None, since the
+            verifier and the ``alpha_exact`` statistic treat their tokens as point masses.
         sampled: True when each node's token was drawn at random from ``q[i]``, siblings independently (i.i.d.);
             False when tokens are deterministic (argmax / top-k of the draft), whatever ``q`` says. Siblings are tried
             in index order during sampling verification, so deterministic siblings should be sorted best first.
@@ -41,100 +177,121 @@ class DraftTree:
     parents: torch.Tensor
     q: torch.Tensor | None = None
     sampled: bool = False
+    #: the shape's :class:`TreeStructure` when the drafter knows it (saves the decoder one read of ``parents``).
+    structure: TreeStructure | None = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
         """Number of draft nodes (the root is not a node)."""
         return int(self.tokens.shape[0])
 
+    def get_structure(self) -> TreeStructure:
+        """The tree's :class:`TreeStructure` (read from ``parents`` once, then kept)."""
+        if self.structure is None or self.structure.size != self.size:
+            self.structure = tree_structure(tuple(int(p) for p in self.parents.tolist()))
+        return self.structure
+
+    @classmethod
+    def from_lists(cls, tokens: Sequence[int], parents: Sequence[int], q: torch.Tensor | None = None,
+                   sampled: bool = False, device: torch.device | str | None = None) -> DraftTree:
+        """A tree from host-side token and parent lists (its structure is known without reading ``parents``)."""
+        structure = tree_structure(tuple(int(p) for p in parents))
+        return cls(tokens=torch.tensor(list(tokens), dtype=torch.long, device=device),
+                   parents=structure.parent_rows(device) - 1, q=q, sampled=sampled, structure=structure)
+
     @classmethod
     def empty(cls, device: torch.device | str | None = None) -> DraftTree:
         """A tree with no nodes (plain autoregressive decoding)."""
         return cls(tokens=torch.zeros(0, dtype=torch.long, device=device),
-                   parents=torch.zeros(0, dtype=torch.long, device=device))
+                   parents=torch.zeros(0, dtype=torch.long, device=device), structure=chain_structure(0))
 
     @classmethod
     def chain(cls, tokens: torch.Tensor | Sequence[int], q: torch.Tensor | None = None,
               sampled: bool = False) -> DraftTree:
         """A chain: every node is the only child of the previous one (the first is a child of the root)."""
         tokens = torch.as_tensor(tokens, dtype=torch.long)
-        parents = torch.arange(-1, tokens.shape[0] - 1, dtype=torch.long, device=tokens.device)
-        return cls(tokens=tokens, parents=parents, q=q, sampled=sampled)
+        structure = chain_structure(int(tokens.shape[0]))
+        return cls(tokens=tokens, parents=structure.parent_rows(tokens.device) - 1, q=q, sampled=sampled,
+                   structure=structure)
 
-    def validate(self, vocab_size: int, need_q: bool = False) -> None:
-        """Raise SpecgraftError unless shapes, parent order, token range and q are consistent."""
+    def check_shapes(self, vocab_size: int, need_q: bool = False) -> None:
+        """The checks that need no device read: shapes, the structure's parent order, q's presence and shape."""
         n = self.size
         if self.tokens.dim() != 1 or self.parents.shape != self.tokens.shape:
             raise SpecgraftError(f"draft tree tokens {tuple(self.tokens.shape)} and parents "
                                  f"{tuple(self.parents.shape)} must both be 1-D of equal length; fix the drafter")
         if n == 0:
             return
-        parents = self.parents.tolist()
-        if any(not -1 <= p < i for i, p in enumerate(parents)):
-            raise SpecgraftError(f"draft tree parents {parents} are not topologically ordered (need -1 <= parents[i] "
-                                 "< i); fix the drafter")
-        lo, hi = int(self.tokens.min()), int(self.tokens.max())
-        if lo < 0 or hi >= vocab_size:
-            raise SpecgraftError(f"draft tokens range [{lo}, {hi}] outside the target vocab of {vocab_size}; "
-                                 "the drafter must use the target's vocabulary")
+        self.get_structure()
         if self.q is not None and tuple(self.q.shape) != (n, vocab_size):
             raise SpecgraftError(f"draft q has shape {tuple(self.q.shape)}, expected ({n}, {vocab_size}) (full "
                                  "target vocab); fix the drafter")
-        if need_q and self.sampled:
-            if self.q is None:
-                raise SpecgraftError("a sampled draft tree needs q for lossless sampling verification; return q from "
-                                     "the drafter or mark the tree sampled=False")
-            q_tok = self.q.gather(1, self.tokens.unsqueeze(1)).squeeze(1)  # [n]
-            if bool((q_tok <= 0).any()):
-                raise SpecgraftError("a sampled draft token has q(token) = 0, so it cannot have been drawn from q; "
-                                     "fix the drafter")
+        if need_q and self.sampled and self.q is None:
+            raise SpecgraftError("a sampled draft tree needs q for lossless sampling verification; return q from "
+                                 "the drafter or mark the tree sampled=False")
+
+    def problems(self, vocab_size: int, need_q: bool = False) -> torch.Tensor:
+        """[2] int64 on the tree's device, no host read: (any token outside the vocab, any sampled token with
+        q(token) = 0 when ``need_q``). The decoder reads it with the step's verdict and raises then."""
+        safe = self.tokens.clamp(0, vocab_size - 1)
+        bad_range = (safe != self.tokens).any()
+        if not (need_q and self.sampled and self.q is not None and self.size):
+            return torch.stack([bad_range, torch.zeros_like(bad_range)]).long()
+        bad_q = (self.q.gather(1, safe.unsqueeze(1)).squeeze(1) <= 0).any()
+        return torch.stack([bad_range, bad_q]).long()
+
+    def raise_problems(self, vocab_size: int, flags: Sequence[int]) -> None:
+        """Raise the SpecgraftError that :meth:`problems` flagged (reads the tree again; error path only)."""
+        if flags[0]:
+            lo, hi = int(self.tokens.min()), int(self.tokens.max())
+            raise SpecgraftError(f"draft tokens range [{lo}, {hi}] outside the target vocab of {vocab_size}; "
+                                 "the drafter must use the target's vocabulary")
+        if flags[1]:
+            raise SpecgraftError("a sampled draft token has q(token) = 0, so it cannot have been drawn from q; "
+                                 "fix the drafter")
+
+    def validate(self, vocab_size: int, need_q: bool = False) -> None:
+        """Raise SpecgraftError unless shapes, parent order, token range and q are consistent (reads the device;
+        the decoder uses :meth:`check_shapes` and :meth:`problems` instead, which defer the read)."""
+        self.check_shapes(vocab_size, need_q)
+        if self.size:
+            self.raise_problems(vocab_size, self.problems(vocab_size, need_q).tolist())
+
+
+def _structure(parents: torch.Tensor | Sequence[int] | TreeStructure) -> TreeStructure:
+    if isinstance(parents, TreeStructure):
+        return parents
+    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
+    return tree_structure(tuple(int(p) for p in plist))
+
+
+def _device_of(parents: torch.Tensor | Sequence[int] | TreeStructure) -> torch.device | None:
+    return parents.device if isinstance(parents, torch.Tensor) else None
 
 
 def depths(parents: torch.Tensor | Sequence[int]) -> torch.Tensor:
     """[n] depth of each node: 1 for children of the root, parent's depth + 1 otherwise."""
-    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
-    out: list[int] = []
-    for p in plist:
-        out.append(1 if p < 0 else out[p] + 1)
-    device = parents.device if isinstance(parents, torch.Tensor) else None
-    return torch.tensor(out, dtype=torch.long, device=device)
+    return _structure(parents).node_depths(_device_of(parents)).clone()
 
 
 def is_chain(parents: torch.Tensor | Sequence[int]) -> bool:
     """True for a chain (``parents == [-1, 0, 1, ...]``), the empty tree included."""
-    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
-    return plist == list(range(-1, len(plist) - 1))
+    return _structure(parents).chain
 
 
 def ancestor_matrix(parents: torch.Tensor | Sequence[int]) -> torch.Tensor:
     """[n, n] bool: ``A[i, j]`` is True when node ``j`` is node ``i`` or one of its ancestors (root excluded)."""
-    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
-    n = len(plist)
-    device = parents.device if isinstance(parents, torch.Tensor) else None
-    anc = torch.eye(n, dtype=torch.bool)
-    for i, p in enumerate(plist):
-        if p >= 0:
-            anc[i] |= anc[p]
-    return anc.to(device) if device is not None else anc
+    return _structure(parents).ancestors(_device_of(parents)).clone()
 
 
 def children_table(parents: torch.Tensor | Sequence[int]) -> list[list[int]]:
     """``table[r]``: node indices of the children of row ``r`` (row 0 = root, row ``i + 1`` = node ``i``)."""
-    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
-    table: list[list[int]] = [[] for _ in range(len(plist) + 1)]
-    for i, p in enumerate(plist):
-        table[p + 1].append(i)
-    return table
+    return [list(c) for c in _structure(parents).children]
 
 
 def path_to(parents: torch.Tensor | Sequence[int], node: int) -> list[int]:
     """Node indices from the root's child down to ``node`` (inclusive)."""
-    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = plist[node]
-    return path[::-1]
+    return _structure(parents).path_to(node)
 
 
 def leaves(parents: torch.Tensor | Sequence[int]) -> list[int]:
@@ -147,18 +304,15 @@ def verification_inputs(tree: DraftTree, root_token: int, past_len: int) -> tupl
     """``([1, n+1] input ids, [1, n+1] position ids)`` for verifying ``tree`` after ``past_len`` cached tokens."""
     device = tree.tokens.device
     ids = torch.cat([torch.tensor([root_token], dtype=torch.long, device=device), tree.tokens])
-    pos = torch.cat([torch.zeros(1, dtype=torch.long, device=device), depths(tree.parents).to(device)]) + past_len
+    pos = tree.get_structure().row_depths(device) + past_len
     return ids.unsqueeze(0), pos.unsqueeze(0)
 
 
-def visibility(parents: torch.Tensor | Sequence[int], past_len: int) -> torch.Tensor:
+def visibility(parents: torch.Tensor | Sequence[int] | TreeStructure, past_len: int,
+               device: torch.device | str | None = None) -> torch.Tensor:
     """[n+1, past_len+n+1] bool: which keys each verification row (root first) may attend to."""
-    anc = ancestor_matrix(parents)
-    n = anc.shape[0]
-    tree_vis = torch.zeros(n + 1, n + 1, dtype=torch.bool)
-    tree_vis[:, 0] = True  # everything sees the root
-    tree_vis[1:, 1:] = anc
-    prefix = torch.ones(n + 1, past_len, dtype=torch.bool)
+    tree_vis = _structure(parents).tree_visibility(device)
+    prefix = torch.ones(tree_vis.shape[0], past_len, dtype=torch.bool, device=tree_vis.device)
     return torch.cat([prefix, tree_vis], dim=1)
 
 
@@ -206,14 +360,14 @@ def prune_to_depth(tree: DraftTree, max_depth: int) -> tuple[DraftTree, list[int
     """Drop nodes deeper than ``max_depth``; returns the pruned tree and the kept original node indices."""
     if tree.size == 0:
         return tree, []
-    d = depths(tree.parents)
-    keep = [i for i, di in enumerate(d.tolist()) if di <= max_depth]
-    if len(keep) == tree.size:
-        return tree, keep
+    structure = tree.get_structure()
+    if structure.max_depth <= max_depth:
+        return tree, list(range(tree.size))
+    keep = [i for i, di in enumerate(structure.depths) if di <= max_depth]
     remap = {old: new for new, old in enumerate(keep)}
-    plist = tree.parents.tolist()
-    new_parents = torch.tensor([remap[plist[i]] if plist[i] >= 0 else -1 for i in keep],
-                               dtype=torch.long, device=tree.tokens.device)
+    new_parents = [remap[structure.parents[i]] if structure.parents[i] >= 0 else -1 for i in keep]
     idx = torch.tensor(keep, dtype=torch.long, device=tree.tokens.device)
     q = tree.q.index_select(0, idx) if tree.q is not None else None
-    return DraftTree(tokens=tree.tokens.index_select(0, idx), parents=new_parents, q=q, sampled=tree.sampled), keep
+    new_structure = tree_structure(tuple(new_parents))
+    return DraftTree(tokens=tree.tokens.index_select(0, idx), parents=new_structure.parent_rows(idx.device) - 1,
+                     q=q, sampled=tree.sampled, structure=new_structure), keep

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from specgraft.errors import SpecgraftError
-from specgraft.eval.tree import children_table
+from specgraft.eval.tree import TreeStructure, tree_structure
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def verify_greedy(parents: torch.Tensor | Sequence[int], tokens: torch.Tensor | 
     Returns:
         (accepted node indices root-to-leaf, bonus token = target argmax at the last accepted row).
     """
-    table = children_table(parents)
+    table = _as_structure(parents).children
     toks = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
     best = target_argmax.tolist() if isinstance(target_argmax, torch.Tensor) else list(target_argmax)
     accepted: list[int] = []
@@ -106,6 +106,44 @@ def verify_greedy(parents: torch.Tensor | Sequence[int], tokens: torch.Tensor | 
             return accepted, int(want)
         accepted.append(nxt)
         row = nxt + 1
+
+
+def _as_structure(parents: torch.Tensor | Sequence[int] | TreeStructure) -> TreeStructure:
+    if isinstance(parents, TreeStructure):
+        return parents
+    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
+    return tree_structure(tuple(int(p) for p in plist))
+
+
+def greedy_verdict(structure: TreeStructure, tokens: torch.Tensor, target_argmax: torch.Tensor) -> torch.Tensor:
+    """Greedy verification on the device, without a host read: the same path as :func:`verify_greedy`.
+
+    Args:
+        structure: the tree's shape.
+        tokens: [n] node tokens.
+        target_argmax: [n+1] target argmax per verification row.
+
+    Returns:
+        [2] int64 ``(last accepted node or -1, bonus token)``; the accepted path is
+        ``structure.path_to(last)``.
+    """
+    n = structure.size
+    if n == 0:
+        return torch.stack([torch.full_like(target_argmax[0], -1), target_argmax[0]])
+    device = tokens.device
+    if structure.chain:
+        # A chain: the accepted length is the run of leading matches.
+        accepted = (tokens == target_argmax[:-1]).cumprod(0).sum()
+        return torch.stack([accepted - 1, target_argmax[accepted]])
+    match = tokens == target_argmax.index_select(0, structure.parent_rows(device))  # [n]
+    # Only the first matching sibling counts (verify_greedy takes the first child equal to the argmax).
+    match = match & ~(structure.earlier_siblings(device) & match.unsqueeze(0)).any(1)
+    on_path = ~(structure.ancestors(device) & ~match.unsqueeze(0)).any(1)  # [n]: every ancestor-or-self matched
+    # At most one node per depth is on the path: the deepest one is the path's end.
+    score = torch.where(on_path, structure.node_depths(device), 0)
+    last = torch.where(score.max() > 0, score.argmax(), -1)
+    bonus = target_argmax[last + 1]
+    return torch.stack([last, bonus])
 
 
 @dataclass
@@ -153,16 +191,22 @@ def verify_sampling(
     q: torch.Tensor | None,
     sampled: bool,
     generator: torch.Generator | None = None,
+    trim: bool = True,
 ) -> SamplingVerdict:
     """Lossless recursive rejection sampling over a draft tree, for B independent trials sharing its shape.
 
+    No host read happens inside (the loops run over the tree's depth and its rows' children, known from the
+    structure); the bonus tokens are drawn in one multinomial at the end, each from the residual at which its
+    trial stopped.
+
     Args:
-        parents: [n] shared tree structure (-1 = child of the root, ``parents[i] < i``).
+        parents: [n] shared tree structure (-1 = child of the root, ``parents[i] < i``), or its TreeStructure.
         tokens: [B, n] draft tokens per trial.
         p: [B, n+1, V] processed target probabilities per verification row (row 0 = root, row i+1 = node i).
         q: [B, n, V] draft distribution each node was drawn from; required when ``sampled``.
         sampled: True for i.i.d. sampled siblings, False for deterministic ones (q ignored).
         generator: source of all randomness (uniforms for acceptance, multinomial draws for the bonus).
+        trim: cut ``path`` to the longest accepted path (one host read); False keeps D = the tree's depth.
 
     Returns:
         A :class:`SamplingVerdict`.
@@ -172,27 +216,24 @@ def verify_sampling(
     batch, n_rows, vocab = p.shape
     n = n_rows - 1
     device = p.device
-    table = children_table(parents)
-    max_children = max((len(c) for c in table), default=0)
-    children = torch.full((n + 1, max(max_children, 1)), -1, dtype=torch.long, device=device)  # [n+1, C]
-    for row, kids in enumerate(table):
-        if kids:
-            children[row, : len(kids)] = torch.tensor(kids, dtype=torch.long, device=device)
+    structure = _as_structure(parents)
+    if structure.size != n:
+        raise SpecgraftError(f"the tree has {structure.size} nodes but p has {n_rows} rows; need n + 1 rows")
+    children = structure.children_index(device)  # [n+1, C]
     arange = torch.arange(batch, device=device)
-    path = torch.full((batch, max(n, 1)), -1, dtype=torch.long, device=device)
+    path = torch.full((batch, max(structure.max_depth, 1)), -1, dtype=torch.long, device=device)
     num_accepted = torch.zeros(batch, dtype=torch.long, device=device)
-    bonus = torch.full((batch,), -1, dtype=torch.long, device=device)
     row = torch.zeros(batch, dtype=torch.long, device=device)  # current verification row per trial
     done = torch.zeros(batch, dtype=torch.bool, device=device)
-    for _depth in range(n + 1):
+    final = p[:, 0]  # [B, V] the distribution each trial's bonus is drawn from (set when it stops)
+    for depth in range(structure.max_depth + 1):
+        # Every trial still going sits at a row of this depth.
         fresh = p[arange, row]  # [B, V] target distribution at the current node
-        residual = fresh.clone()
+        residual = fresh
         chosen = torch.full((batch,), -1, dtype=torch.long, device=device)
-        for slot in range(max_children):
+        for slot in range(structure.row_max_children[depth]):
             child = children[row, slot]  # [B]
             active = ~done & (chosen < 0) & (child >= 0)
-            if not bool(active.any()):
-                break
             safe_child = child.clamp(min=0)
             x = tokens[arange, safe_child]  # [B]
             p_x = residual[arange, x]
@@ -208,17 +249,17 @@ def verify_sampling(
             update = (active & ~accept).unsqueeze(1)
             residual = torch.where(update, rejected_residual, residual)
         stop = ~done & (chosen < 0)
-        if bool(stop.any()):
-            idx = stop.nonzero().squeeze(1)
-            bonus[idx] = torch.multinomial(residual[idx], 1, generator=generator).squeeze(1)
-            done |= stop
+        final = torch.where(stop.unsqueeze(1), residual, final)
+        done = done | stop
         go = ~done
-        if not bool(go.any()):
-            break
-        path[go, num_accepted[go]] = chosen[go]
+        if depth < structure.max_depth:
+            path[arange, num_accepted.clamp(max=path.shape[1] - 1)] = torch.where(
+                go, chosen, path[arange, num_accepted.clamp(max=path.shape[1] - 1)])
         num_accepted = num_accepted + go.long()
         row = torch.where(go, chosen + 1, row)
-    return SamplingVerdict(path=path[:, : int(num_accepted.max())], num_accepted=num_accepted, bonus=bonus)
+    bonus = torch.multinomial(final, 1, generator=generator).squeeze(1)
+    width = int(num_accepted.max()) if trim else structure.max_depth
+    return SamplingVerdict(path=path[:, :width], num_accepted=num_accepted, bonus=bonus)
 
 
 def alpha_exact(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -17,9 +17,10 @@ feature of the next pair. Per decoding step (see :mod:`specgraft.eval.drafter` f
    step re-runs the accepted positions with the target's TRUE features, exactly what training saw.
 
 Siblings in the dynamic tree are the draft's deterministic top-k (``sampled=False``: the verifier then uses the
-deterministic-sibling rule, which is lossless); a sampled chain is marked ``sampled=True``. ``q`` of each node is
-the draft's distribution at its parent processed with the decoder's sampling settings (one-hot of the argmax at
-temperature 0), over the full target vocabulary (zero outside an EAGLE-3 draft vocabulary).
+deterministic-sibling rule, which is lossless) and carry no ``q``; a sampled chain is marked ``sampled=True`` and
+its ``q`` is the draft's distribution at each node's parent processed with the decoder's sampling settings, over
+the full target vocabulary (zero outside an EAGLE-3 draft vocabulary). The greedy chain never leaves the device
+(argmax tokens are fed back as tensors); the tree reads each level's top-k once.
 """
 
 from __future__ import annotations
@@ -171,28 +172,28 @@ class EagleDrafter(Drafter):
     def _tree(self, ctx: DraftContext, root_feature: torch.Tensor, root_logits: torch.Tensor,
               token_map: torch.Tensor | None, depth: int, device: torch.device) -> DraftTree:
         k = min(self.top_k, root_logits.shape[-1])
-        dists = [self._q_full(root_logits[None], ctx, token_map)[0]]  # q rows: dists[j] = distribution j
-        # Candidates, in creation order: token (target id), parent candidate (-1 = root), score, q row, depth.
+        # Candidates, in creation order: token (target id), parent candidate (-1 = root), cumulative score.
         tokens: list[int] = []
         parents: list[int] = []
         scores: list[float] = []
-        q_index: list[int] = []
         slot_of: dict[int, int] = {}  # expanded candidate -> cache slot
         feature_of: dict[int, torch.Tensor] = {}  # expanded candidate -> its output feature [h]
 
-        def add_children(parent: int, logp: torch.Tensor, base: float, dist: int) -> list[int]:
-            top = torch.topk(logp, k)
+        def add_children(expanded: list[int], logp: torch.Tensor) -> list[int]:
+            """Top-k children of each expanded candidate (rows of logp [m, V_out]); one host read per level."""
+            top = torch.topk(logp, k, dim=-1)
             ids = top.indices if token_map is None else token_map[top.indices]
             made = []
-            for tok, lp in zip(ids.tolist(), top.values.tolist()):
-                made.append(len(tokens))
-                tokens.append(int(tok))
-                parents.append(parent)
-                scores.append(base + float(lp))
-                q_index.append(dist)
+            for parent, row_ids, row_lp in zip(expanded, ids.tolist(), top.values.tolist()):
+                base = scores[parent] if parent >= 0 else 0.0
+                for tok, lp in zip(row_ids, row_lp):
+                    made.append(len(tokens))
+                    tokens.append(int(tok))
+                    parents.append(parent)
+                    scores.append(base + float(lp))
             return made
 
-        level = add_children(-1, torch.log_softmax(root_logits.float(), -1), 0.0, 0)
+        level = add_children([-1], torch.log_softmax(root_logits.float(), -1)[None])
         parent_feature = {-1: root_feature[0, 0]}
         for d in range(1, depth):
             # Expand the top_k candidates of this depth by cumulative score (stable: earlier wins ties).
@@ -209,14 +210,10 @@ class EagleDrafter(Drafter):
                 ancestors.append(chain)
             ids = torch.tensor([tokens[c] for c in order], dtype=torch.long, device=feats.device)
             out, logits, slots = self._feed(ids, feats, self._seen - 1 + d, ancestors)
-            logp = torch.log_softmax(logits.float(), -1)  # [m, V_out]
-            q_rows = self._q_full(logits, ctx, token_map)  # [m, V]
-            level = []
             for r, c in enumerate(order):
                 slot_of[c] = slots[r]
                 feature_of[c] = out[r]
-                dists.append(q_rows[r])
-                level.extend(add_children(c, logp[r], scores[c], len(dists) - 1))
+            level = add_children(order, torch.log_softmax(logits.float(), -1))  # [m, V_out]
         # Keep the best total_tokens - 1 candidates; a parent's score is >= its children's and it was created
         # first, so with ties broken by creation order every kept node's parent is kept too.
         ranked = sorted(range(len(tokens)), key=lambda c: (-scores[c], c))[: self.total_tokens - 1]
@@ -224,38 +221,34 @@ class EagleDrafter(Drafter):
         index = {c: i for i, c in enumerate(kept)}
         if any(parents[c] >= 0 and parents[c] not in index for c in kept):
             raise AssertionError("EAGLE tree selection kept a node without its parent")  # see the ordering above
-        q = torch.stack([dists[q_index[c]] for c in kept]).to(device)
-        return DraftTree(tokens=torch.tensor([tokens[c] for c in kept], dtype=torch.long, device=device),
-                         parents=torch.tensor([index[parents[c]] if parents[c] >= 0 else -1 for c in kept],
-                                              dtype=torch.long, device=device),
-                         q=q, sampled=False)
+        return DraftTree.from_lists([tokens[c] for c in kept],
+                                    [index[parents[c]] if parents[c] >= 0 else -1 for c in kept],
+                                    sampled=False, device=device)
 
     def _chain(self, ctx: DraftContext, root_feature: torch.Tensor, root_logits: torch.Tensor,
                token_map: torch.Tensor | None, depth: int, device: torch.device) -> DraftTree:
         sampled = not ctx.sampling.greedy
         feature, logits = root_feature[0, 0], root_logits
-        tokens: list[int] = []
+        tokens: list[torch.Tensor] = []  # [1] target ids, kept on the device (no host read while drafting)
         q_rows: list[torch.Tensor] = []
         slots: list[int] = []
         for d in range(1, depth + 1):
-            q = self._q_full(logits[None], ctx, token_map)[0]  # [V]
             if sampled:
-                draw = torch.multinomial(q.to(ctx.generator.device) if ctx.generator is not None else q, 1,
-                                         generator=ctx.generator)
-                token = int(draw[0])
+                q = self._q_full(logits[None], ctx, token_map)[0]  # [V]
+                token = torch.multinomial(q.to(ctx.generator.device) if ctx.generator is not None else q, 1,
+                                          generator=ctx.generator).to(feature.device)
+                q_rows.append(q)
             else:
-                best = int(logits.argmax())
-                token = best if token_map is None else int(token_map[best])
+                best = logits.argmax().view(1)
+                token = best if token_map is None else token_map[best]
             tokens.append(token)
-            q_rows.append(q)
             if d == depth:
                 break
-            ids = torch.tensor([token], dtype=torch.long, device=feature.device)
-            out, out_logits, new_slots = self._feed(ids, feature[None], self._seen - 1 + d, [list(slots)])
+            out, out_logits, new_slots = self._feed(token, feature[None], self._seen - 1 + d, [list(slots)])
             slots.extend(new_slots)
             feature, logits = out[0], out_logits[0]
-        return DraftTree.chain(torch.tensor(tokens, dtype=torch.long, device=device),
-                               q=torch.stack(q_rows).to(device), sampled=sampled)
+        return DraftTree.chain(torch.cat(tokens).to(device),
+                               q=torch.stack(q_rows).to(device) if sampled else None, sampled=sampled)
 
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

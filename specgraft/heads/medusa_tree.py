@@ -24,8 +24,7 @@ import torch
 
 from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.eval.drafter import DraftContext, Drafter
-from specgraft.eval.tree import DraftTree
-from specgraft.eval.verify import process_logits
+from specgraft.eval.tree import DraftTree, TreeStructure, tree_structure
 from specgraft.heads.medusa import MedusaHead, label_mask
 from specgraft.target import Target, tokenizer_fingerprint
 
@@ -265,11 +264,12 @@ class MedusaDrafter(Drafter):
     """Drafts with Medusa heads: a static tree (or chain) of the heads' top choices below the root.
 
     Each step reads the target's last hidden state at the last position the target processed (the token before
-    the root), runs the K heads once, and fills the static tree: a node of depth ``d`` and rank ``i`` gets head
-    ``d - 1``'s ``i``-th best token. Siblings are deterministic top-k choices, best first (``sampled=False``), which
-    both greedy and lossless sampling verification accept. ``q`` (when ``report_q``) is each node's head
-    distribution: the softmax of the head's logits under greedy decoding, the heads' logits processed with the
-    decoder's sampling settings otherwise, so ``alpha_exact`` is reported.
+    the root), runs the heads the tree needs once, and fills the static tree: a node of depth ``d`` and rank ``i``
+    gets head ``d - 1``'s ``i``-th best token. Only heads ``0 .. D-1`` run, D the tree's depth after the decoder's
+    depth limit (a chain of 1 runs one head, not K vocabulary projections). Siblings are deterministic top-k
+    choices, best first (``sampled=False``), which both greedy and lossless sampling verification accept; being
+    point masses they carry no ``q`` (``alpha_exact`` is then the target's probability of the drafted token). The
+    structure of the tree (and so the decoder's mask block) is built once per depth limit.
 
     Args:
         head: the Medusa heads (built for the target being decoded).
@@ -277,12 +277,11 @@ class MedusaDrafter(Drafter):
         num_nodes: draft nodes of the tree (root not counted).
         accuracy: [K, topk] accuracies to build the tree from (default: the head's stored ones, else the prior).
         max_depth: deepest level drafted (default: K).
-        report_q: return per-node draft distributions ([n, V]; costs n * V floats per step).
     """
 
     def __init__(self, head: MedusaHead, mode: str = "tree", num_nodes: int = DEFAULT_NUM_NODES,
-                 accuracy: torch.Tensor | Sequence[Sequence[float]] | None = None, max_depth: int | None = None,
-                 report_q: bool = True) -> None:
+                 accuracy: torch.Tensor | Sequence[Sequence[float]] | None = None,
+                 max_depth: int | None = None) -> None:
         if not isinstance(head, MedusaHead):
             raise SpecgraftError(f"MedusaDrafter needs a MedusaHead, got {type(head).__name__}; load the head "
                                  "with load_head and pass a medusa one")
@@ -290,7 +289,6 @@ class MedusaDrafter(Drafter):
             raise SpecgraftError(f"medusa drafting mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.head = head
         self.mode = mode
-        self.report_q = report_q
         self.needs_hidden_states = tuple(head.required_layers())
         if mode == "chain":
             depth = head.num_heads if max_depth is None else min(int(max_depth), head.num_heads)
@@ -305,17 +303,28 @@ class MedusaDrafter(Drafter):
             raise SpecgraftError(f"the medusa tree uses rank {self.tree.max_rank} but the vocabulary has only "
                                  f"{head.config.vocab_size} tokens; measure fewer top-k choices")
         self._depth_list = self.tree.depths()
-        # Index tensors of the static tree per device: [n] parent, head (depth - 1) and rank of each node.
-        self._indices: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        # Per (depth limit, device): the tree's structure, its [n] parents, head (depth - 1) and rank indices,
+        # and the top-r each head needs (its largest rank + 1) -- all fixed for a static tree.
+        self._indices: dict[tuple[int, torch.device], tuple[TreeStructure, torch.Tensor, torch.Tensor,
+                                                            torch.Tensor, int]] = {}
 
-    def _tree_indices(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if device not in self._indices:
-            self._indices[device] = (
-                torch.tensor(self.tree.parents(), dtype=torch.long, device=device),
-                torch.tensor([d - 1 for d in self._depth_list], dtype=torch.long, device=device),
-                torch.tensor(self.tree.ranks(), dtype=torch.long, device=device),
+    def _tree_indices(self, depth_limit: int,
+                      device: torch.device) -> tuple[TreeStructure, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        key = (depth_limit, device)
+        if key not in self._indices:
+            # Breadth-first order: the nodes within the depth limit are a prefix, so parent indices stay valid.
+            n = sum(1 for d in self._depth_list if d <= depth_limit)
+            parents = self.tree.parents()[:n]
+            ranks = self.tree.ranks()[:n]
+            structure = tree_structure(tuple(parents))
+            self._indices[key] = (
+                structure,
+                structure.parent_rows(device) - 1,
+                torch.tensor([d - 1 for d in self._depth_list[:n]], dtype=torch.long, device=device),
+                torch.tensor(ranks, dtype=torch.long, device=device),
+                max(ranks) + 1,
             )
-        return self._indices[device]
+        return self._indices[key]
 
     def bind(self, target: Any, tokenizer: Any = None) -> None:
         """Refuse a target other than the one the head was built for (sizes, vocab, tokenizer)."""
@@ -345,15 +354,9 @@ class MedusaDrafter(Drafter):
             # A one-token prompt: the target has not processed any position yet, so there is nothing to read.
             return DraftTree.empty(device)
         last = hidden[-1].to(self.head.blocks[0].layers[0].weight.device)  # [h]
-        logits = self.head(last.view(1, 1, -1))[:, 0, 0].float()  # [K, V]
-        top = logits.topk(self.tree.max_rank + 1, dim=-1).indices  # [K, r]
-        parents, head_index, rank = self._tree_indices(top.device)
-        # Breadth-first order: the nodes within the depth limit are a prefix, so parent indices stay valid.
-        n = sum(1 for d in self._depth_list if d <= depth_limit)
-        parents, head_index, rank = parents[:n], head_index[:n], rank[:n]
+        structure, parents, head_index, rank, top_r = self._tree_indices(depth_limit, last.device)
+        # Only the heads the tree reaches: head d-1 proposes depth d.
+        logits = torch.stack([self.head.head_logits(last, k) for k in range(structure.max_depth)]).float()  # [D, V]
+        top = logits.topk(top_r, dim=-1).indices  # [D, r]
         tokens = top[head_index, rank]  # [n]
-        q = None
-        if self.report_q:
-            probs = logits.softmax(-1) if ctx.sampling.greedy else process_logits(logits, ctx.sampling)  # [K, V]
-            q = probs.index_select(0, head_index).to(device)  # [n, V]
-        return DraftTree(tokens=tokens.to(device), parents=parents.to(device), q=q, sampled=False)
+        return DraftTree(tokens=tokens.to(device), parents=parents.to(device), sampled=False, structure=structure)

@@ -11,7 +11,7 @@ from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.eval.decoder import SpeculativeDecoder, generate_reference
 from specgraft.eval.drafter import DraftContext, Drafter
 from specgraft.eval.drafters import DraftModelDrafter, RandomDrafter, SelfDrafter
-from specgraft.eval.tree import DraftTree
+from specgraft.eval.tree import DraftTree, tree_structure
 from specgraft.testing import tiny_model, tiny_tokenizer
 
 NEW = 24  # tokens generated per greedy check
@@ -44,7 +44,7 @@ def drafters(model) -> dict[str, Drafter | None]:
         "plain": None,
         "self": SelfDrafter(k=K),
         "self_tree": SelfDrafter(k=3, tree_topk=(2, 2)),
-        "random": RandomDrafter(model.config.vocab_size, k=3, seed=1),
+        "random": RandomDrafter(model.config.vocab_size, k=3),
         "draft_chain": DraftModelDrafter(draft, k=3),
         "draft_tree": DraftModelDrafter(draft, k=3, tree_topk=(3, 2)),
     }
@@ -104,7 +104,9 @@ def test_self_drafter_tau_is_k_plus_one(tiny_arch):
     assert result.alpha_exact == 1.0  # greedy: q one-hot of the draft argmax = the target argmax
     # a budget that is not a multiple of k+1: all steps but the last are full, the last is truncated
     result = SpeculativeDecoder(model, drafter=SelfDrafter(k=K), ignore_eos=True).generate(prompt_ids(), 12)
-    assert result.accepted_lengths == [K, K, K] and result.emitted_per_step == [5, 5, 2]
+    # the last step has 2 tokens left: the drafter is asked for 1 node (the bonus brings the second), not K
+    assert result.draft_sizes == [K, K, 1]
+    assert result.accepted_lengths == [K, K, 1] and result.emitted_per_step == [5, 5, 2]
     assert result.stop_reason == "max_new_tokens" and result.num_new_tokens == 12
 
 
@@ -112,8 +114,56 @@ def test_self_drafter_tau_is_k_plus_one(tiny_arch):
 def test_random_drafter_alpha_and_tau():
     model = tiny_model("llama")
     result = SpeculativeDecoder(model, drafter=RandomDrafter(320, k=3), ignore_eos=True).generate(prompt_ids(), 20)
-    assert result.alpha_exact == pytest.approx(1 / 320)  # uniform q against a one-hot greedy p
+    # greedy: every draft is a point mass, so alpha is the share of verified positions whose draft is the argmax
+    assert result.alpha_count == sum(result.depth_attempted)
+    assert result.alpha_exact == sum(result.depth_accepted) / sum(result.depth_attempted)
     assert 1.0 <= result.tau < 1.5
+    # sampling: the drafts are uniform draws, so alpha is the mean over positions of sum_x min(p(x), 1/V)
+    sampled = SpeculativeDecoder(model, drafter=RandomDrafter(320, k=3), ignore_eos=True, temperature=1.0)
+    result = sampled.generate(prompt_ids(), 8, seed=0)
+    assert 0.0 < result.alpha_exact < 1.0 and result.alpha_count == sum(result.depth_attempted)
+
+
+class StaticTreeDrafter(Drafter):
+    """Random tokens on a fixed tree shape, drawn on the device (the drafter itself reads nothing back)."""
+
+    def __init__(self, parents: list[int], vocab_size: int, sampled: bool) -> None:
+        self.structure = tree_structure(tuple(parents))
+        self.vocab_size, self.sampled = vocab_size, sampled
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        n = self.structure.size
+        tokens = torch.randint(0, self.vocab_size, (n,), generator=ctx.generator)
+        q = torch.full((n, self.vocab_size), 1.0 / self.vocab_size) if self.sampled else None
+        return DraftTree(tokens=tokens, parents=self.structure.parent_rows() - 1, q=q, sampled=self.sampled,
+                         structure=self.structure)
+
+
+@pytest.mark.parametrize("temperature,sampled", [(0.0, False), (1.0, False), (1.0, True)])
+@torch.no_grad()
+def test_one_device_read_per_step_outside_the_model(monkeypatch, temperature, sampled):
+    """The decoder reads the device once per step (the verdict) plus once per generation (alpha), whatever the
+    tree: no tolist/item/bool/int/float on tensors for validation, parent walks, sibling slots or statistics."""
+    model = tiny_model("llama")
+    drafter = StaticTreeDrafter([-1, -1, 0, 0, 1, 2], 320, sampled)
+    decoder = SpeculativeDecoder(model, drafter=drafter, temperature=temperature, ignore_eos=True)
+    prompt = prompt_ids()
+    reads = {"count": 0, "paused": False}
+    model.register_forward_pre_hook(lambda *_: reads.update(paused=True))
+    model.register_forward_hook(lambda *_: reads.update(paused=False))
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original):
+            if not reads["paused"]:
+                reads["count"] += 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    result = decoder.generate(prompt, 20)
+    monkeypatch.undo()
+    assert result.num_steps >= 5
+    assert reads["count"] == result.num_steps + 1
 
 
 # -- stopping rules ----------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from specgraft.eval.tree import (
     path_to,
     prune_to_depth,
     tree_attention_mask,
+    tree_structure,
     verification_inputs,
     visibility,
 )
@@ -60,6 +61,30 @@ def test_tree_attention_mask_by_hand():
     allowed = [[0, 1, 1, 0, 0, 0], [0, 0, 1, 1, 0, 0], [0, 0, 1, 0, 1, 0], [0, 0, 0, 1, 0, 1]]
     expected = torch.tensor([[0.0 if a else lo for a in row] for row in allowed])
     assert torch.equal(mask[0, 0], expected)
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_cached_tree_mask_equals_the_reference_mask(window):
+    """The decoder's mask (the structure's cached block after an all-visible prefix) is the reference mask."""
+    structure = tree_structure(tuple(PARENTS))
+    layout = kv.AttentionLayout(("sliding_attention",) if window else ("full_attention",), False, window)
+    for past in (0, 3, 9):
+        pos = structure.row_depths() + past
+        key_pos = torch.cat([torch.arange(past), pos])
+        mask = layout.tree_mask(structure, past, pos, key_pos, torch.float32)
+        assert torch.equal(mask, tree_attention_mask(PARENTS, past, sliding_window=window))
+    assert structure.additive_block(torch.float32) is structure.additive_block(torch.float32)  # built once
+    assert tree_structure(tuple(PARENTS)) is structure  # one structure per shape
+
+
+def test_structure_and_from_lists():
+    tree = DraftTree.from_lists([4, 5, 6], [-1, -1, 0])
+    assert tree.structure is tree_structure((-1, -1, 0)) and tree.parents.tolist() == [-1, -1, 0]
+    assert tree.structure.children == ((0, 1), (2,), (), ())
+    assert tree.structure.row_max_children == (2, 1, 0) and tree.structure.max_depth == 2
+    assert DraftTree.chain([1, 2]).structure.chain and not tree.structure.chain
+    with pytest.raises(SpecgraftError, match="topologically"):
+        DraftTree.from_lists([1, 2], [-1, 1])
 
 
 def test_verification_inputs_positions():
@@ -169,6 +194,15 @@ def test_keep_positions_gathers_the_accepted_rows():
     for (k, v), layer in zip(before, cache.layers):
         idx = torch.tensor([0, 1, 2, 4, 7])
         assert torch.equal(layer.keys, k[:, :, idx]) and torch.equal(layer.values, v[:, :, idx])
+    # only the out-of-place rows moved: the prefix stayed in the same storage (no copy of the whole cache)
+    model(input_ids=torch.arange(3, 9).unsqueeze(0), cache=cache, use_cache=True)  # 5 + 6 = 11 positions
+    storage = [layer.keys.data_ptr() for layer in cache.layers]
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    kv.keep_positions(cache, 6, [0, 2, 4])
+    for (k, v), layer, ptr in zip(before, cache.layers, storage):
+        idx = torch.tensor([0, 1, 2, 3, 4, 5, 6, 8, 10])
+        assert torch.equal(layer.keys, k[:, :, idx]) and torch.equal(layer.values, v[:, :, idx])
+        assert layer.keys.data_ptr() == ptr
     kv.keep_positions(cache, 2, [0, 1])  # a prefix: cropped
     assert kv.cache_length(cache) == 4
     kv.crop_cache(cache, 1)

@@ -15,8 +15,8 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from specgraft.errors import SpecgraftError
 from specgraft.eval import verify
-from specgraft.eval.tree import children_table, depths
-from specgraft.eval.verify import SamplingParams, process_logits, verify_greedy, verify_sampling
+from specgraft.eval.tree import children_table, depths, tree_structure
+from specgraft.eval.verify import SamplingParams, greedy_verdict, process_logits, verify_greedy, verify_sampling
 
 V = 10  # vocab of the synthetic chains
 N = 100_000  # trials per statistical test
@@ -68,6 +68,19 @@ def test_verify_greedy_walks_the_tree():
     assert verify_greedy(parents, tokens, argmax) == ([0, 3, 5], 1)
     assert verify_greedy(parents, tokens, [1, 0, 0, 0, 0, 0, 0]) == ([], 1)
     assert verify_greedy([], [], [7]) == ([], 7)
+
+
+def test_device_greedy_verdict_equals_the_tree_walk():
+    """greedy_verdict (no host read) picks the same path and bonus as verify_greedy, duplicate siblings included."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        n = int(torch.randint(0, 9, (1,), generator=g))
+        parents = [int(torch.randint(-1, i, (1,), generator=g)) for i in range(n)]
+        tokens = torch.randint(0, 3, (n,), generator=g)  # a 3-token vocab: many matches and duplicates
+        argmax = torch.randint(0, 3, (n + 1,), generator=g)
+        structure = tree_structure(tuple(parents))
+        last, bonus = greedy_verdict(structure, tokens, argmax).tolist()
+        assert (structure.path_to(last), bonus) == verify_greedy(parents, tokens, argmax)
 
 
 # -- synthetic Markov target and draft ---------------------------------------------------------------------------

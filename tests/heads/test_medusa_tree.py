@@ -11,7 +11,9 @@ from specgraft.config import HeadConfig
 from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.eval.decoder import SpeculativeDecoder, generate_reference
 from specgraft.eval.drafter import DraftContext
-from specgraft.eval.verify import SamplingParams, process_logits
+from specgraft.eval.metrics import summarize
+from specgraft.eval.tree import depths
+from specgraft.eval.verify import SamplingParams
 from specgraft.heads.base import load_head
 from specgraft.heads.medusa import MedusaHead
 from specgraft.heads.medusa_tree import (
@@ -228,15 +230,28 @@ def test_propose_fills_the_static_tree_with_head_top_choices():
     order = logits.argsort(-1, descending=True)
     for i, path in enumerate(drafter.tree.paths):
         assert int(tree.tokens[i]) == int(order[len(path) - 1, path[-1]])
-        torch.testing.assert_close(tree.q[i], logits[len(path) - 1].softmax(-1))  # head softmax, shared by siblings
+    assert tree.q is None  # deterministic siblings: point masses, no [n, V] rows kept
     tree.validate(320, need_q=True)
-    # under sampling, q is the heads' distribution processed like the target's
-    sampling = SamplingParams(temperature=0.7, top_k=20)
-    tree = drafter.propose(context_for(target, [1, 5, 9, 13, 17], sampling))
-    for i, path in enumerate(drafter.tree.paths):
-        torch.testing.assert_close(tree.q[i], process_logits(logits[len(path) - 1], sampling))
-    assert drafter.propose(context_for(target, [1, 5, 9, 13, 17])).q is not None
-    assert MedusaDrafter(head, report_q=False).propose(ctx).q is None
+    # sampling settings do not change a top-k tree (its tokens are the heads' ranking, not draws)
+    sampled_ctx = context_for(target, [1, 5, 9, 13, 17], SamplingParams(temperature=0.7, top_k=20))
+    assert drafter.propose(sampled_ctx).tokens.tolist() == tree.tokens.tolist()
+
+
+def test_only_the_heads_the_draft_reaches_are_computed(monkeypatch):
+    """A chain of 1 runs head 0 only; a tree cut to depth 2 by the decoder runs heads 0 and 1."""
+    target = Target(tiny_model("llama"))
+    head = make_head(target)
+    calls: list[int] = []
+    original = head.head_logits
+    monkeypatch.setattr(head, "head_logits", lambda hidden, k: calls.append(k) or original(hidden, k))
+    chain = MedusaDrafter(head, mode="chain", max_depth=1).propose(context_for(target, [1, 5, 9]))
+    assert chain.size == 1 and calls == [0]
+    calls.clear()
+    tree = MedusaDrafter(head).propose(context_for(target, [1, 5, 9], max_depth=2))
+    assert int(depths(tree.parents).max()) == 2 and calls == [0, 1]
+    calls.clear()
+    MedusaDrafter(head).propose(context_for(target, [1, 5, 9]))
+    assert calls == list(range(head.num_heads))
 
 
 def test_propose_respects_max_depth_and_needs_a_processed_position():
@@ -312,6 +327,36 @@ def test_heads_trained_on_the_targets_own_text_raise_tau():
         assert taus["trained", mode] > 2.0
         assert taus["trained", mode] > taus["untrained", mode] + 0.3
     assert taus["trained", "tree"] >= taus["trained", "chain"] - 0.05
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_untrained_heads_report_the_alpha_they_measure(temperature):
+    """alpha_exact of deterministic drafts is the target's probability of the drafted token, so an untrained head
+    reports its measured depth-1 acceptance, not the overlap of two similar softmaxes (issue 16: 0.94 reported at
+    a measured 0.008). Greedy: exactly (each verified position counts 1 when its draft is the argmax); T = 1:
+    within sampling noise."""
+    torch.manual_seed(0)
+    target = Target(tiny_model("llama"))
+    head = make_head(target)
+    prompts = [*PROMPTS, [1] + [40, 41, 42, 43, 44] * 3]
+
+    def pooled(drafter: MedusaDrafter) -> dict:
+        decoder = SpeculativeDecoder(target, drafter=drafter, temperature=temperature, ignore_eos=True, seed=0)
+        return summarize([decoder.generate(p, 40) for p in prompts])
+
+    one = pooled(MedusaDrafter(head, mode="chain", max_depth=1))
+    depth1, steps = one["acceptance_by_depth"][0], one["depth_attempted"][0]
+    tolerance = 1e-12 if temperature == 0.0 else 4 * (max(depth1 * (1 - depth1), 0.01) / steps) ** 0.5
+    assert abs(one["alpha_exact"] - depth1) <= tolerance, (one["alpha_exact"], depth1)
+    chain = pooled(MedusaDrafter(head, mode="chain"))  # every depth pooled
+    verified = sum(chain["depth_attempted"])
+    rate = sum(chain["depth_accepted"]) / verified
+    tolerance = 1e-12 if temperature == 0.0 else 4 * (max(rate * (1 - rate), 0.01) / verified) ** 0.5
+    assert abs(chain["alpha_exact"] - rate) <= tolerance, (chain["alpha_exact"], rate)
+    if temperature == 0.0:
+        tree = pooled(MedusaDrafter(head))
+        # alpha scores each verified position's first child; acceptance may also come from a later sibling
+        assert tree["alpha_exact"] <= sum(tree["depth_accepted"]) / sum(tree["depth_attempted"])
 
 
 def test_sampling_decoding_runs_with_deterministic_siblings():
