@@ -40,6 +40,10 @@ CONVERTER_VERSION = 1
 #: Characters of the SHA-256 in a cache folder's name (64 bits: collisions are not a practical concern).
 CACHE_KEY_CHARS = 16
 _INSTALL_HINT = "pip install 'specgraft[gguf]' (or pip install gguf)"
+#: Metadata keys that may name the Hub repository a GGUF was converted from, most specific first (llama.cpp's
+#: convert_hf_to_gguf.py writes the first two from the model card; older files the third).
+SOURCE_REPO_KEYS = ("general.source.repo_url", "general.source.url", "general.source.huggingface.repository")
+_HUB_URL_PREFIXES = ("https://huggingface.co/", "http://huggingface.co/", "https://hf.co/", "huggingface.co/")
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,55 @@ def inspect_gguf(path: str | os.PathLike) -> str:
     if field is None:
         raise SpecgraftError(f"{path} has no general.architecture field, so it is not a model GGUF; {fix}")
     return str(field.contents())
+
+
+@dataclass(frozen=True)
+class GGUFOrigin:
+    """What a GGUF file says about the model it holds (None where its metadata is silent)."""
+
+    name: str | None
+    """``general.name``, a display name (e.g. ``Smollm2 135M 8k Lc100K Mix1 Ep2``), not a loadable id."""
+    hub_id: str | None
+    """``ORG/NAME`` of the Hugging Face repository it was converted from (see :data:`SOURCE_REPO_KEYS`)."""
+
+
+def _hub_id(value: str, bare: bool) -> str | None:
+    """``ORG/NAME`` from a Hub URL (or, with ``bare``, a plain ``ORG/NAME``); None for anything else (another
+    site, a local path)."""
+    text = value.strip()
+    prefix = next((p for p in _HUB_URL_PREFIXES if text.startswith(p)), None)
+    if prefix is not None:
+        text = text[len(prefix):]
+    elif not bare or "://" in text or text.startswith((".", "/", "~")):
+        return None
+    parts = text.strip("/").split("/")
+    return f"{parts[0]}/{parts[1]}" if len(parts) >= 2 and parts[0] and parts[1] else None
+
+
+def gguf_origin(path: str | os.PathLike) -> GGUFOrigin | None:
+    """The name and Hub source recorded in a GGUF's metadata; None when the file or the gguf package is absent
+    or the file cannot be read (callers then ask the user, they do not fail on it)."""
+    path = Path(path).expanduser()
+    try:
+        import gguf
+    except ImportError:
+        return None
+    if not path.is_file():
+        return None
+    try:
+        fields = gguf.GGUFReader(str(path)).fields
+    except (OSError, ValueError, IndexError, KeyError, OverflowError):
+        return None
+
+    def text(key: str) -> str | None:
+        field = fields.get(key)
+        value = field.contents() if field is not None else None
+        return value if isinstance(value, str) and value.strip() else None
+
+    # URL keys must point at the Hub; the repository key holds a bare ORG/NAME.
+    repos = (_hub_id(value, bare=not key.endswith("url"))
+             for key, value in zip(SOURCE_REPO_KEYS, map(text, SOURCE_REPO_KEYS)) if value is not None)
+    return GGUFOrigin(name=text("general.name"), hub_id=next((r for r in repos if r), None))
 
 
 def _supported_architectures() -> list[str]:

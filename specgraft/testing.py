@@ -122,11 +122,13 @@ def recipe_writer(folder: Path, base: dict[str, dict[str, Any]]) -> Callable[...
     return write
 
 
-def write_tiny_gguf(path: str | Path, architecture: str = "llama", seed: int = 0) -> Path:
+def write_tiny_gguf(path: str | Path, architecture: str = "llama", seed: int = 0,
+                    source_repo_url: str | None = None) -> Path:
     """Write a tiny random Llama-layout GGUF (float32 tensors, byte-level BPE tokenizer, ChatML template).
 
     A few tens of KB: what GGUF conversion and caching tests load instead of a real 100 MB file. ``architecture``
-    only changes the ``general.architecture`` field (a name transformers cannot load exercises the refusal).
+    only changes the ``general.architecture`` field (a name transformers cannot load exercises the refusal);
+    ``source_repo_url`` is written as ``general.source.repo_url`` (the Hub repository it claims to come from).
     Needs the ``gguf`` package.
     """
     import gguf
@@ -142,6 +144,8 @@ def write_tiny_gguf(path: str | Path, architecture: str = "llama", seed: int = 0
     path = Path(path)
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name("specgraft tiny test model")
+    if source_repo_url is not None:
+        writer.add_source_repo_url(source_repo_url)
     writer.add_block_count(layers)
     writer.add_context_length(64)
     writer.add_embedding_length(hidden)

@@ -241,3 +241,67 @@ def test_eval_takes_a_gguf_target_and_stays_lossless(tiny_gguf, gguf_cache, tmp_
     assert report["target"]["source"] == f"gguf:tiny.gguf sha256:{sha256_file(tiny_gguf)}"
     overall = report["overall"]
     assert overall["lossless_passed"] is True and overall["lossless_identical"] == overall["lossless_checked"] == 1
+
+
+# --- what a head or draft made on a GGUF names as its base model ------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "bare", "hub_id"), [
+    ("https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct", False, "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    ("https://huggingface.co/org/name/tree/main", False, "org/name"),
+    ("https://hf.co/org/name", False, "org/name"),
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", True, "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", False, None),  # a URL key holding no URL
+    ("https://github.com/org/name", False, None),
+    ("/models/org/name", True, None),
+    ("./org/name", True, None),
+    ("https://huggingface.co/org", False, None),
+])
+def test_hub_id_of_a_source_field(value, bare, hub_id):
+    assert sg_gguf._hub_id(value, bare=bare) == hub_id
+
+
+def _medusa_head_on(gguf_file: Path, folder: Path) -> Path:
+    from specgraft.config import HeadConfig
+    from specgraft.heads.medusa import MedusaHead
+
+    target = load_target(str(gguf_file))
+    MedusaHead.build(target, MedusaHead.config_from_recipe(HeadConfig(num_heads=2), target)).save_pretrained(folder)
+    return folder
+
+
+def test_export_of_a_gguf_head_asks_for_the_base_model_unless_the_file_names_its_hub_source(
+        tiny_gguf, gguf_cache, tmp_path, capsys):
+    head = _medusa_head_on(tiny_gguf, tmp_path / "head")
+    out = tmp_path / "export"
+    line = _refused(capsys, ["export", str(head), "--format", "trtllm", "--out", str(out)], "--base-model")
+    assert f"GGUF file {tiny_gguf} ('specgraft tiny test model')" in line and not out.exists()
+
+    assert cli_main(["export", str(head), "--format", "trtllm", "--out", str(out), "--base-model", "org/tiny"]) == 0
+    assert json.loads((out / "config.json").read_text())["base_model_name_or_path"] == "org/tiny"
+    assert 'base_model: "org/tiny"' in (out / "README.md").read_text()
+
+    sourced = write_tiny_gguf(tmp_path / "src" / "sourced.gguf", source_repo_url="https://huggingface.co/org/tiny-hf")
+    assert sg_gguf.gguf_origin(sourced) == sg_gguf.GGUFOrigin("specgraft tiny test model", "org/tiny-hf")
+    head = _medusa_head_on(sourced, tmp_path / "sourced-head")
+    out = tmp_path / "sourced-export"
+    assert cli_main(["export", str(head), "--format", "trtllm", "--out", str(out)]) == 0
+    config_text, card = (out / "config.json").read_text(), (out / "README.md").read_text()
+    assert json.loads(config_text)["base_model_name_or_path"] == "org/tiny-hf"
+    assert 'base_model: "org/tiny-hf"' in card and ".gguf" not in config_text + card
+    assert json.loads((out / "specgraft_export.json").read_text())["base_model"] == "org/tiny-hf"
+
+
+def test_a_draft_card_loads_a_gguf_target_the_way_transformers_accepts(tiny_gguf, tmp_path):
+    from specgraft.distill.output import model_card
+
+    card = model_card({"target": {"name_or_path": str(tiny_gguf)}, "student": {"origin": "target"}})
+    code = card.split("```python\n", 1)[1].split("```", 1)[0]
+    loading = code.split("draft = ", 1)[0]  # the lines that load the tokenizer and the target
+    assert f'from_pretrained("{tiny_gguf}")' not in card and "gguf_file=" in loading
+    namespace: dict = {}
+    exec(loading, namespace)  # noqa: S102 - the card's own snippet, run as a user would
+    reference, ref_tok = _gguf_loaded(tiny_gguf)
+    ids = namespace["tokenizer"](PROMPT)["input_ids"]
+    assert ids == ref_tok(PROMPT)["input_ids"]
+    assert torch.equal(_logits(namespace["target"].eval(), ids), _logits(reference, ids))

@@ -66,8 +66,7 @@ def model_card(meta: dict[str, Any]) -> str:
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "",
-        f'tokenizer = AutoTokenizer.from_pretrained("{target}")',
-        f'target = AutoModelForCausalLM.from_pretrained("{target}")',
+        *_target_loading_lines(target),
         'draft = AutoModelForCausalLM.from_pretrained("path/to/this/folder")',
         'inputs = tokenizer("Once upon a time", return_tensors="pt")',
         "out = target.generate(**inputs, assistant_model=draft, max_new_tokens=64)",
@@ -85,6 +84,21 @@ def model_card(meta: dict[str, Any]) -> str:
                      f"{metrics['alpha_exact']:.4f} at step {metrics.get('step')}.")
     lines += ["", f"The target's identity and the full settings are in `{DRAFT_META}`.", ""]
     return "\n".join(lines)
+
+
+def _target_loading_lines(target: str) -> list[str]:
+    """The usage snippet's lines that load the target: a ``.gguf`` file loads as ``(folder, gguf_file=name)``,
+    the only form transformers accepts for it (``from_pretrained("x.gguf")`` fails)."""
+    from specgraft.gguf import is_gguf_path
+
+    if not is_gguf_path(target):
+        return [f'tokenizer = AutoTokenizer.from_pretrained("{target}")',
+                f'target = AutoModelForCausalLM.from_pretrained("{target}")']
+    where = Path(target)
+    args = f'"{where.parent}", gguf_file="{where.name}"'
+    return ["# the target is a GGUF file: transformers dequantizes it on load (pip install gguf)",
+            f"tokenizer = AutoTokenizer.from_pretrained({args})",
+            f"target = AutoModelForCausalLM.from_pretrained({args})"]
 
 
 def save_draft(folder: str | Path, model: torch.nn.Module, tokenizer: Any, target_identity: TargetIdentity, *,

@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "beside the head.")
     parser.add_argument("--repo-id", metavar="ORG/NAME", help="Hub repo the export is for (used in the card).")
     parser.add_argument("--base-model", metavar="NAME",
-                        help="Hub id of the target written into configs and the card (default: the recorded name).")
+                        help="Hub id of the target written into configs and the card (default: the recorded name; "
+                             "a head trained on a .gguf needs it unless the file records its Hub source).")
     parser.add_argument("--dtype", choices=tuple(DTYPE_NAMES),
                         help="Cast the weights (default: keep the head's dtype).")
     parser.add_argument("--keep-name", action="store_true",

@@ -307,7 +307,8 @@ def export_head(
         report: an eval report (folder or ``report.json``) to embed in the card; default: the newest one found
             beside the head.
         repo_id: the Hub repo the export is meant for (used in the card's serving commands).
-        base_model: the Hub id of the target written into configs and the card (default: the recorded name).
+        base_model: the Hub id of the target written into configs and the card (default: the recorded name; see
+            :func:`recorded_base_model` for a target recorded as a ``.gguf`` file).
         dtype: cast floating-point weights (float32 | bfloat16 | float16); default: keep the head's dtype.
         keep_name: do not append vLLM's method marker to ``out``.
         speculative_tokens: draft length written into EAGLE-3's speculators_config.
@@ -321,13 +322,13 @@ def export_head(
         raise SpecgraftError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_NAMES)}")
     if speculative_tokens < 1:
         raise SpecgraftError(f"speculative tokens must be at least 1, got {speculative_tokens}")
+    base = base_model or recorded_base_model(meta["target"]["name_or_path"])
     final, warnings = export_path(out, head_type, fmt, keep_name)
     _check_destination(final, head_dir, overwrite)
     info = resolve_target(meta, target)
     state = read_head_state(head_dir, meta, info)
     if base_model is not None:
         require_hub_base_model(base_model)
-    base = base_model or meta["target"]["name_or_path"]
     local_warning = local_base_model_warning(base) if fmt != "native" else None
     if local_warning is not None:
         warnings.append(local_warning)
@@ -381,6 +382,30 @@ def export_head(
     for message in warnings:
         logger.warning("%s", message)
     return ExportResult(final, fmt, head_type, sorted(files), warnings, notes)
+
+
+def recorded_base_model(name_or_path: str) -> str:
+    """The base model configs and the card name when ``--base-model`` is not given: the recorded target, except
+    that a ``.gguf`` file (which no engine config or ``from_pretrained(name)`` loads) becomes the Hub repository
+    its metadata says it was converted from.
+
+    Raises:
+        SpecgraftError: a ``.gguf`` target whose Hub source is unknown (file absent here, or metadata silent).
+    """
+    from specgraft.gguf import gguf_origin, is_gguf_path
+
+    if not is_gguf_path(name_or_path):
+        return name_or_path
+    origin = gguf_origin(name_or_path)
+    if origin is not None and origin.hub_id:
+        logger.info("base model %s: the Hub source recorded in %s", origin.hub_id, name_or_path)
+        return origin.hub_id
+    called = f" ({origin.name!r})" if origin is not None and origin.name else ""
+    raise SpecgraftError(
+        f"this head's target was loaded from the GGUF file {name_or_path}{called}, which engine configs and "
+        "`from_pretrained` cannot take by that path, and no Hub source is recorded for it; pass --base-model "
+        "with the Hub id of the model the GGUF was made from (e.g. HuggingFaceTB/SmolLM2-135M-Instruct for "
+        "SmolLM2-135M-Instruct.Q4_1.gguf) or a folder written by `specgraft convert-gguf`")
 
 
 def card_from_export_meta(export_meta: dict[str, Any], repo_id: str | None, local_path: Path | None = None) -> str:
