@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from specgraft.errors import SpecgraftError, TargetMismatchError
+from specgraft.eval.acceptance import AcceptanceRecorder
 from specgraft.eval.drafter import DraftContext, Drafter
 from specgraft.eval.tree import DraftTree
 from specgraft.eval.verify import process_logits
@@ -278,11 +279,13 @@ class MedusaDrafter(Drafter):
         accuracy: [K, topk] accuracies to build the tree from (default: the head's stored ones, else the prior).
         max_depth: deepest level drafted (default: K).
         report_q: return per-node draft distributions ([n, V]; costs n * V floats per step).
+        paths: an explicit tree (rank paths, e.g. from ``tuned.json``) instead of building one; overrides
+            ``mode``, ``num_nodes``, ``accuracy`` and ``max_depth``.
     """
 
     def __init__(self, head: MedusaHead, mode: str = "tree", num_nodes: int = DEFAULT_NUM_NODES,
                  accuracy: torch.Tensor | Sequence[Sequence[float]] | None = None, max_depth: int | None = None,
-                 report_q: bool = True) -> None:
+                 report_q: bool = True, paths: Sequence[Sequence[int]] | None = None) -> None:
         if not isinstance(head, MedusaHead):
             raise SpecgraftError(f"MedusaDrafter needs a MedusaHead, got {type(head).__name__}; load the head "
                                  "with load_head and pass a medusa one")
@@ -292,7 +295,12 @@ class MedusaDrafter(Drafter):
         self.mode = mode
         self.report_q = report_q
         self.needs_hidden_states = tuple(head.required_layers())
-        if mode == "chain":
+        if paths is not None:
+            self.tree = MedusaTree.from_paths(paths)  # an explicit tree, e.g. a tuned one (tuned.json)
+            if self.tree.depth > head.num_heads:
+                raise SpecgraftError(f"the medusa tree is {self.tree.depth} levels deep but the head has "
+                                     f"{head.num_heads} heads; re-tune for this head")
+        elif mode == "chain":
             depth = head.num_heads if max_depth is None else min(int(max_depth), head.num_heads)
             self.tree = chain_tree(max(depth, 1))
         else:
@@ -305,6 +313,11 @@ class MedusaDrafter(Drafter):
             raise SpecgraftError(f"the medusa tree uses rank {self.tree.max_rank} but the vocabulary has only "
                                  f"{head.config.vocab_size} tokens; measure fewer top-k choices")
         self._depth_list = self.tree.depths()
+        #: Acceptance by (depth, rank) and per static node, counted from each verdict (see eval.acceptance).
+        self.acceptance = AcceptanceRecorder(static_paths=[list(p) for p in self.tree.paths])
+        self.acceptance.reset()
+        self._ranks = self.tree.ranks()
+        self._last_parents: list[int] = []
         # Index tensors of the static tree per device: [n] parent, head (depth - 1) and rank of each node.
         self._indices: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
@@ -341,19 +354,25 @@ class MedusaDrafter(Drafter):
         device = ctx.token_ids.device
         hidden = ctx.hidden_states.get(self.needs_hidden_states[0])
         depth_limit = min(self.tree.depth, ctx.max_depth)
+        self._last_parents = []
         if hidden is None or hidden.shape[0] == 0 or depth_limit <= 0:
             # A one-token prompt: the target has not processed any position yet, so there is nothing to read.
             return DraftTree.empty(device)
         last = hidden[-1].to(self.head.blocks[0].layers[0].weight.device)  # [h]
-        logits = self.head(last.view(1, 1, -1))[:, 0, 0].float()  # [K, V]
+        # Only the heads the tree uses (a shallower tuned tree skips the deeper heads' vocabulary projections).
+        logits = torch.stack([self.head.head_logits(last, k) for k in range(depth_limit)]).float()  # [D, V]
         top = logits.topk(self.tree.max_rank + 1, dim=-1).indices  # [K, r]
         parents, head_index, rank = self._tree_indices(top.device)
         # Breadth-first order: the nodes within the depth limit are a prefix, so parent indices stay valid.
         n = sum(1 for d in self._depth_list if d <= depth_limit)
         parents, head_index, rank = parents[:n], head_index[:n], rank[:n]
+        self._last_parents = self.tree.parents()[:n]
         tokens = top[head_index, rank]  # [n]
         q = None
         if self.report_q:
             probs = logits.softmax(-1) if ctx.sampling.greedy else process_logits(logits, ctx.sampling)  # [K, V]
             q = probs.index_select(0, head_index).to(device)  # [n, V]
         return DraftTree(tokens=tokens.to(device), parents=parents.to(device), q=q, sampled=False)
+
+    def accept(self, accepted_node_indices: Sequence[int], bonus_token: int) -> None:
+        self.acceptance.record(self._last_parents, accepted_node_indices, ranks=self._ranks)

@@ -1,0 +1,472 @@
+"""The device cost model: what a speculative step costs on THIS device, dtype and thread count.
+
+``specgraft profile --target PATH [--head DIR ...] [--draft DIR ...] --out profile.json`` measures
+
+* ``step_s``: the wall time of one decoding step of the real :class:`~specgraft.eval.decoder.SpeculativeDecoder`
+  verifying ``n`` tokens at once (the root plus ``n - 1`` draft nodes), for a chain (causal forward) and for a tree
+  (4D tree mask), at a KV length of ``--kv-length`` tokens. The draft comes from a zero-cost drafter that returns a
+  fixed set of random tokens, so the time is verification plus the decoder's own bookkeeping: exactly what a step
+  costs besides drafting. ``n = 1`` is a plain decoding step. Each value is the slope of generation time over the
+  number of steps (two generation lengths, so prefill cancels), median over ``--repeats``.
+* ``forward_s``: the bare target forward of ``n`` new tokens on a ``kv_length`` cache (no decoder), for reference.
+* ``drafters``: per drafter, the time of one ``propose`` call (median over calls) per setting: Medusa per number
+  of heads used (one call reads every head once), EAGLE/EAGLE-3 per chain depth and per (top-k, depth) tree,
+  a draft model per chain length ``k``.
+
+The JSON records the device name, dtype, threads, torch version and the target's identity; :func:`check_profile`
+warns (naming both) when a profile from another device or target is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specgraft.errors import SpecgraftError
+from specgraft.eval.drafter import DraftContext, Drafter
+from specgraft.eval.tree import DraftTree
+from specgraft.utils.io import atomic_write_json, read_json_meta
+
+logger = logging.getLogger(__name__)
+
+PROFILE_VERSION = 1
+#: Tokens verified at once that are measured by default (root included).
+DEFAULT_TOKEN_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+DEFAULT_KV_LENGTH = 256
+DEFAULT_REPEATS = 5
+#: Generation lengths (decoding steps) whose time difference gives one step's time.
+SHORT_STEPS, LONG_STEPS = 4, 16
+#: Timed propose() calls per drafter setting (after one warm-up call); the median counts.
+DRAFT_CALLS = 15
+#: Settings measured for drafters.
+MEDUSA_MAX_HEADS = 8
+EAGLE_DEPTHS = (1, 2, 3, 4, 5, 6)
+EAGLE_TOP_KS = (2, 3, 4, 6, 8, 10)
+DRAFT_MODEL_KS = (1, 2, 3, 4, 5, 6, 8)
+#: Keys every profile JSON must hold.
+REQUIRED_KEYS = ("version", "device", "dtype", "threads", "torch_version", "target", "kv_length", "step_s")
+
+
+@dataclass
+class CostProfile:
+    """A measured device cost profile (all times in seconds).
+
+    Attributes:
+        device: ``cpu``, ``cuda:0``, ...; ``device_name`` the CPU or GPU model.
+        dtype, threads, torch_version: what the numbers were measured with.
+        target: the target's identity dict (``name_or_path``, ``architecture``, sizes).
+        kv_length: tokens in the KV cache during the measurement.
+        step_s: ``{"chain": {n: s}, "tree": {n: s}}``, a decoder step verifying ``n`` tokens (root included).
+        forward_s: ``{n: s}``, the bare target forward of ``n`` tokens.
+        drafters: ``{label: {"kind": ..., "path": ..., <setting tables>}}`` (see the module docstring).
+    """
+
+    device: str
+    device_name: str
+    dtype: str
+    threads: int
+    torch_version: str
+    target: dict[str, Any]
+    kv_length: int
+    step_s: dict[str, dict[int, float]]
+    forward_s: dict[int, float] = field(default_factory=dict)
+    drafters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    version: int = PROFILE_VERSION
+
+    # -- serialisation -------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["step_s"] = {mode: {str(n): s for n, s in table.items()} for mode, table in self.step_s.items()}
+        out["forward_s"] = {str(n): s for n, s in self.forward_s.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "the cost profile") -> CostProfile:
+        fix = "re-run `specgraft profile` to measure a complete profile"
+        missing = [k for k in REQUIRED_KEYS if k not in data]
+        if missing:
+            raise SpecgraftError(f"{where} lacks {', '.join(missing)}; {fix}")
+        try:
+            step = {str(mode): {int(n): float(s) for n, s in table.items()} for mode, table in data["step_s"].items()}
+            if not step.get("chain") or 1 not in step["chain"]:
+                raise ValueError("step_s.chain has no 1-token step")
+            return cls(device=str(data["device"]), device_name=str(data.get("device_name", data["device"])),
+                       dtype=str(data["dtype"]), threads=int(data["threads"]),
+                       torch_version=str(data["torch_version"]), target=dict(data["target"]),
+                       kv_length=int(data["kv_length"]), step_s=step,
+                       forward_s={int(n): float(s) for n, s in (data.get("forward_s") or {}).items()},
+                       drafters=dict(data.get("drafters") or {}), version=int(data["version"]))
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise SpecgraftError(f"{where} has malformed fields ({exc}); {fix}") from None
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        atomic_write_json(path, self.to_dict())
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostProfile:
+        file = Path(path)
+        if not file.is_file():
+            raise SpecgraftError(f"no cost profile at {file}; measure one with `specgraft profile --target ... "
+                                 f"--out {file}`")
+        return cls.from_dict(read_json_meta(file, (), "re-run `specgraft profile`"), where=str(file))
+
+    # -- queries -------------------------------------------------------------------------------------------
+    @property
+    def plain_step_s(self) -> float:
+        """One plain decoding step (1 token verified, no draft)."""
+        return self.step_s["chain"][1]
+
+    def step_cost(self, tokens: int, tree: bool) -> float:
+        """Seconds of a decoder step verifying ``tokens`` tokens (root included), linear between measurements."""
+        table = self.step_s.get("tree" if tree and tokens > 1 else "chain") or self.step_s["chain"]
+        return _interpolate(table, tokens, "tokens verified")
+
+    def drafter(self, label: str) -> dict[str, Any]:
+        if label not in self.drafters:
+            known = ", ".join(self.drafters) or "none"
+            raise SpecgraftError(f"the cost profile has no drafter {label!r} (it has: {known}); re-run "
+                                 "`specgraft profile` with that --head/--draft")
+        return self.drafters[label]
+
+    def summary(self) -> dict[str, Any]:
+        """What tuned.json and model cards record about the device."""
+        return {"device": self.device, "device_name": self.device_name, "dtype": self.dtype,
+                "threads": self.threads, "torch_version": self.torch_version, "kv_length": self.kv_length,
+                "target": self.target.get("name_or_path"), "plain_step_ms": round(self.plain_step_s * 1e3, 4)}
+
+
+def _interpolate(table: dict[int, float], x: int, what: str) -> float:
+    keys = sorted(table)
+    if x in table:
+        return table[x]
+    if x < keys[0] or x > keys[-1]:
+        raise SpecgraftError(f"the cost profile measured {what} {keys[0]}..{keys[-1]}, not {x}; re-run "
+                             "`specgraft profile` with --token-counts covering it")
+    hi = next(k for k in keys if k > x)
+    lo = max(k for k in keys if k < x)
+    w = (x - lo) / (hi - lo)
+    return table[lo] * (1 - w) + table[hi] * w
+
+
+def device_description(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def check_profile(profile: CostProfile, target_identity: dict[str, Any] | None, device: str | None,
+                  threads: int | None = None) -> list[str]:
+    """Warnings (each naming both sides) when ``profile`` was measured for another target or device."""
+    warnings: list[str] = []
+    if target_identity is not None:
+        mine = profile.target
+        fields = ("architecture", "hidden_size", "vocab_size", "num_hidden_layers")
+        diffs = [f"{k} {mine.get(k)} vs {target_identity.get(k)}" for k in fields
+                 if mine.get(k) is not None and mine.get(k) != target_identity.get(k)]
+        if diffs:
+            warnings.append(f"the cost profile was measured for target {mine.get('name_or_path')} but this target is "
+                            f"{target_identity.get('name_or_path')} ({'; '.join(diffs)}); predictions use the other "
+                            "target's costs")
+    if device is not None:
+        here = f"{device} ({device_description(device)}" + (f", {threads} threads)" if threads else ")")
+        there = f"{profile.device} ({profile.device_name}, {profile.threads} threads)"
+        same_kind = profile.device.split(":")[0] == str(device).split(":")[0]
+        if not same_kind or profile.device_name != device_description(device) or \
+                (threads is not None and threads != profile.threads):
+            warnings.append(f"the cost profile was measured on {there} but this run is on {here}; the predicted "
+                            "speed is for the profile's device")
+    return warnings
+
+
+# -- measuring ---------------------------------------------------------------------------------------------------
+def _median_time(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(calls):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _sync_fn(device: Any) -> Callable[[], None]:
+    import torch
+
+    if getattr(device, "type", str(device)).startswith("cuda"):
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def _context_of(model: Any) -> int | None:
+    from specgraft.eval.kv import text_config
+
+    return getattr(text_config(model), "max_position_embeddings", None)
+
+
+def check_fits(model: Any, kv_length: int, max_tokens: int, extra: int = LONG_STEPS) -> None:
+    """Refuse a measurement (or tree) that would not fit the target's context."""
+    context = _context_of(model)
+    needed = kv_length + max_tokens + extra
+    if context is not None and needed > context:
+        raise SpecgraftError(f"verifying {max_tokens} tokens after a KV length of {kv_length} (plus {extra} decoding "
+                             f"steps) needs {needed} positions but the target's context is {context}; lower "
+                             "--kv-length or the largest --token-counts/tree size")
+
+
+def _random_prompt(vocab: int, length: int, seed: int = 0) -> list[int]:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    # Skip the lowest ids (special tokens in most vocabularies) so the prompt is ordinary text-like ids.
+    low = min(4, vocab - 1)
+    return torch.randint(low, vocab, (length,), generator=gen).tolist()
+
+
+class _FixedDrafter(Drafter):
+    """A zero-cost drafter: the same ``size`` random tokens every step (a chain or a depth-1 fan)."""
+
+    def __init__(self, size: int, tree: bool, vocab: int, device: Any) -> None:
+        import torch
+
+        tokens = torch.tensor(_random_prompt(vocab, size, seed=1), dtype=torch.long, device=device)
+        if tree:
+            self._tree = DraftTree(tokens=tokens, parents=torch.full((size,), -1, dtype=torch.long, device=device),
+                                   q=None, sampled=False)
+        else:
+            self._tree = DraftTree.chain(tokens, q=None, sampled=False)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        return self._tree
+
+
+def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repeats: int) -> dict[str, dict[int, float]]:
+    """``{"chain": {n: s}, "tree": {n: s}}``: decoder step time verifying n tokens (see the module docstring)."""
+    from specgraft.eval.decoder import SpeculativeDecoder
+    from specgraft.eval.kv import model_device, text_config
+
+    vocab = int(text_config(model).vocab_size)
+    device = model_device(model)
+    prompt = _random_prompt(vocab, kv_length)
+    out: dict[str, dict[int, float]] = {"chain": {}, "tree": {}}
+    for mode in ("chain", "tree"):
+        for n in token_counts:
+            if mode == "tree" and n < 3:
+                continue  # 1 or 2 tokens are always a chain
+            drafter = None if n == 1 else _FixedDrafter(n - 1, mode == "tree", vocab, device)
+            decoder = SpeculativeDecoder(model, None, drafter=drafter, ignore_eos=True)
+            decoder.generate(prompt, SHORT_STEPS)  # warm-up
+            slopes = []
+            for _ in range(repeats):
+                short = decoder.generate(prompt, SHORT_STEPS)
+                long = decoder.generate(prompt, LONG_STEPS)
+                steps = long.num_steps - short.num_steps
+                if steps > 0:
+                    slopes.append((long.wall_time_s - short.wall_time_s) / steps)
+            out[mode][int(n)] = max(statistics.median(slopes), 1e-9) if slopes else float("nan")
+    return out
+
+
+def measure_forwards(model: Any, kv_length: int, token_counts: Sequence[int], repeats: int) -> dict[int, float]:
+    """``{n: s}``: the bare target forward of n tokens on a kv_length cache."""
+    import torch
+
+    from specgraft.eval import kv
+
+    vocab = int(kv.text_config(model).vocab_size)
+    device = kv.model_device(model)
+    sync = _sync_fn(device)
+    cache = kv.new_cache()
+    prompt = torch.tensor([_random_prompt(vocab, kv_length + max(token_counts))], device=device)
+    with torch.no_grad():
+        model(input_ids=prompt[:, :kv_length], cache=cache, use_cache=True, logits_to_keep=1)
+        out = {}
+        for n in token_counts:
+            def step(n: int = n) -> None:
+                model(input_ids=prompt[:, kv_length: kv_length + n], cache=cache, use_cache=True)
+                kv.crop_cache(cache, kv_length)
+            out[int(n)] = _median_time(step, repeats, sync)
+    return out
+
+
+def _draft_context(model: Any, prompt: list[int], needs: Sequence[int], full: bool) -> Any:
+    """A DraftContext after ``prompt``: all hidden states (``full``) or only the last position's."""
+    import torch
+
+    from specgraft.eval import kv
+    from specgraft.eval.drafter import DraftContext
+
+    device = kv.model_device(model)
+    ids = torch.tensor(prompt, dtype=torch.long, device=device)
+    hidden: dict[int, torch.Tensor] = {}
+    if needs:
+        with torch.no_grad():
+            out = model(input_ids=ids[None, :-1], output_hidden_states=True, logits_to_keep=1)
+        hidden = {int(i): out.hidden_states[int(i)][0] for i in needs}
+    start = 0
+    if not full:
+        start = len(prompt) - 2
+        hidden = {i: h[-1:] for i, h in hidden.items()}
+    return DraftContext(token_ids=ids, prompt_length=len(prompt), hidden_start=start, hidden_states=hidden,
+                        max_depth=1 << 20, remaining_tokens=1 << 20)
+
+
+def _time_propose(drafter: Any, model: Any, prompt: list[int], calls: int) -> float:
+    needs = tuple(int(i) for i in drafter.needs_hidden_states)
+    drafter.bind(model)
+    drafter.reset()
+    drafter.propose(_draft_context(model, prompt, needs, full=True))  # catch up on the whole prompt once
+    ctx = _draft_context(model, prompt, needs, full=False)
+    from specgraft.eval.kv import model_device
+
+    return _median_time(lambda: drafter.propose(ctx), calls, _sync_fn(model_device(model)))
+
+
+def measure_head(head: Any, head_type: str, model: Any, kv_length: int, calls: int) -> dict[str, Any]:
+    """A drafter section for a Medusa or EAGLE head (see the module docstring)."""
+    from specgraft.eval.kv import text_config
+
+    prompt = _random_prompt(int(text_config(model).vocab_size), kv_length)
+    if head_type == "medusa":
+        from specgraft.heads.medusa_tree import MedusaDrafter
+
+        per_heads = {}
+        for heads in range(1, min(head.num_heads, MEDUSA_MAX_HEADS) + 1):
+            drafter = MedusaDrafter(head, mode="chain", max_depth=heads)
+            per_heads[str(heads)] = _time_propose(drafter, model, prompt, calls)
+        return {"kind": "medusa", "num_heads": head.num_heads, "per_call_s": per_heads}
+    from specgraft.heads.eagle_drafter import EagleDrafter
+
+    chain = {str(d): _time_propose(EagleDrafter(head, mode="chain", depth=d), model, prompt, calls)
+             for d in EAGLE_DEPTHS}
+    tree = {}
+    for k in EAGLE_TOP_KS:
+        for d in EAGLE_DEPTHS:
+            total = 1 + k * d  # about the nodes an EAGLE-2 tree of this width and depth keeps
+            tree[f"{k},{d}"] = _time_propose(EagleDrafter(head, mode="tree", top_k=k, depth=d, total_tokens=total),
+                                             model, prompt, calls)
+    return {"kind": head_type, "chain_s": chain, "tree_s": tree}
+
+
+def measure_draft_model(draft: Any, model: Any, kv_length: int, calls: int) -> dict[str, Any]:
+    from specgraft.eval.drafters import DraftModelDrafter
+    from specgraft.eval.kv import text_config
+
+    prompt = _random_prompt(int(text_config(model).vocab_size), kv_length)
+    chain = {str(k): _time_propose(DraftModelDrafter(draft, k=k), model, prompt, calls) for k in DRAFT_MODEL_KS}
+    return {"kind": "draft_model", "chain_s": chain}
+
+
+def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_length: int = DEFAULT_KV_LENGTH,
+                    token_counts: Sequence[int] = DEFAULT_TOKEN_COUNTS, repeats: int = DEFAULT_REPEATS,
+                    heads: Sequence[tuple[str, Any, str]] = (), drafts: Sequence[tuple[str, Any]] = (),
+                    draft_calls: int = DRAFT_CALLS) -> CostProfile:
+    """Measure a :class:`CostProfile` for ``target`` (a Target) and the given heads ``(label, head, head_type)``
+    and draft models ``(label, model)``."""
+    import torch
+
+    counts = sorted({int(n) for n in token_counts})
+    if not counts or counts[0] < 1:
+        raise SpecgraftError(f"--token-counts must be positive integers, got {list(token_counts)}")
+    if 1 not in counts:
+        counts = [1] + counts
+    if kv_length < 2:
+        raise SpecgraftError(f"--kv-length must be at least 2, got {kv_length}")
+    if repeats < 1:
+        raise SpecgraftError(f"--repeats must be at least 1, got {repeats}")
+    model = target.model
+    check_fits(model, kv_length, max(counts))
+    logger.info("measuring decoder steps for %s tokens at KV length %d", counts, kv_length)
+    step = measure_steps(model, kv_length, counts, repeats)
+    forward = measure_forwards(model, kv_length, counts, repeats)
+    drafters: dict[str, dict[str, Any]] = {}
+    for label, head, head_type in heads:
+        logger.info("measuring the %s drafter", label)
+        drafters[label] = {**measure_head(head, head_type, model, kv_length, draft_calls), "path": label}
+    for label, draft in drafts:
+        logger.info("measuring the draft model %s", label)
+        drafters[label] = {**measure_draft_model(draft, model, kv_length, draft_calls), "path": label}
+    return CostProfile(device=str(device), device_name=device_description(str(device)), dtype=str(dtype),
+                       threads=int(threads), torch_version=str(torch.__version__), target=target.identity.to_dict(),
+                       kv_length=int(kv_length), step_s=step, forward_s=forward, drafters=drafters)
+
+
+# -- CLI -----------------------------------------------------------------------------------------------------------
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specgraft profile``."""
+    parser.add_argument("--target", required=True, help="target model: a transformers folder or Hub id")
+    parser.add_argument("--head", type=Path, action="append", default=[], help="head folder to measure (repeatable)")
+    parser.add_argument("--draft", action="append", default=[], help="draft model folder to measure (repeatable)")
+    parser.add_argument("--out", type=Path, required=True, help="the profile JSON to write")
+    parser.add_argument("--kv-length", type=int, default=DEFAULT_KV_LENGTH,
+                        help=f"tokens in the KV cache while measuring (default {DEFAULT_KV_LENGTH}; use your typical "
+                             "prompt + answer length)")
+    parser.add_argument("--token-counts", type=_int_list, default=list(DEFAULT_TOKEN_COUNTS),
+                        help="tokens verified at once to measure (default 1,2,3,4,6,8,12,16,24,32,48,64)")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="timing repeats; the median counts")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing profile file")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                        help="model dtype (default: float32 on CPU, bfloat16 on GPU)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure and write the profile."""
+    import torch
+
+    from specgraft.eval.cli import _device_and_dtype, _load_draft_model
+    from specgraft.heads.base import load_head, read_head_config
+    from specgraft.target import load_target
+
+    if args.out.exists() and not args.overwrite:
+        raise SpecgraftError(f"{args.out} exists; pass --overwrite to replace it or choose another --out")
+    for head_dir in args.head:
+        read_head_config(head_dir)  # cheap check before loading the target
+    device, dtype = _device_and_dtype(args)
+    target = load_target(args.target, dtype=dtype, device=device)
+    heads = []
+    for head_dir in args.head:
+        head = load_head(target, head_dir)
+        heads.append((str(head_dir), head, head.head_type))
+    drafts = [(str(path), _load_draft_model(path, target, dtype, device)[0]) for path in args.draft]
+    profile = measure_profile(target, device=device, dtype=dtype, threads=torch.get_num_threads(),
+                              kv_length=args.kv_length, token_counts=args.token_counts, repeats=args.repeats,
+                              heads=heads, drafts=drafts)
+    profile.save(args.out)
+    base = profile.plain_step_s
+    print(f"device: {profile.device} ({profile.device_name}), {profile.dtype}, {profile.threads} thread(s), "
+          f"KV length {profile.kv_length}")
+    print("tokens verified | chain step (x plain) | tree step (x plain)")
+    for n in sorted(profile.step_s["chain"]):
+        tree = profile.step_s["tree"].get(n)
+        print(f"{n:>15} | {profile.step_s['chain'][n] * 1e3:8.3f} ms ({profile.step_s['chain'][n] / base:4.2f}x) | "
+              + (f"{tree * 1e3:8.3f} ms ({tree / base:4.2f}x)" if tree else "-"))
+    for label, section in profile.drafters.items():
+        print(f"drafter {label} ({section['kind']}): " + ", ".join(
+            f"{key} {value * 1e3:.2f} ms" for table in ("per_call_s", "chain_s") for key, value in
+            (section.get(table) or {}).items()))
+    print(f"wrote {args.out}")
+    return 0
