@@ -127,7 +127,7 @@ class CostProfile:
 
     def step_cost(self, tokens: int, tree: bool) -> float:
         """Seconds of a decoder step verifying ``tokens`` tokens (root included), linear between measurements."""
-        table = self.step_s.get("tree" if tree and tokens > 1 else "chain") or self.step_s["chain"]
+        table = self.step_s.get("tree" if tree and tokens > 2 else "chain") or self.step_s["chain"]
         return _interpolate(table, tokens, "tokens verified")
 
     def drafter(self, label: str) -> dict[str, Any]:

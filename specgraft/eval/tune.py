@@ -94,10 +94,16 @@ def _table(section: dict[str, Any], name: str) -> dict[str, float]:
 
 
 # -- candidates --------------------------------------------------------------------------------------------------
+def _max_tokens(profile: CostProfile, limit: int) -> int:
+    """The largest verification the profile measured (trees are not extrapolated), at most ``limit``."""
+    return min(limit, max(profile.step_s["chain"]), max(profile.step_s.get("tree") or {0: 0}) or limit)
+
+
 def medusa_candidates(profile: CostProfile, drafter: dict[str, Any], probs: Sequence[Sequence[float]],
                       max_tokens: int = MAX_TREE_TOKENS) -> list[Candidate]:
     """Every (depth, size) Medusa tree, each the DP optimum for its size and depth."""
     per_call = _table(drafter, "per_call_s")
+    max_tokens = _max_tokens(profile, max_tokens)
     out = []
     for depth in range(1, len(probs) + 1):
         if str(depth) not in per_call:
@@ -118,12 +124,13 @@ def eagle_candidates(profile: CostProfile, drafter: dict[str, Any], probs: Seque
                      max_tokens: int = MAX_TREE_TOKENS) -> list[Candidate]:
     """EAGLE chains by depth and dynamic trees by (top-k, depth, total tokens)."""
     chain_s, tree_s = _table(drafter, "chain_s"), _table(drafter, "tree_s")
+    max_tokens = _max_tokens(profile, max_tokens)
     out = []
     reach, value = [], 1.0
     for d, row in enumerate(probs, start=1):
         value *= row[0] if row else 0.0
         reach.append(value)
-        if str(d) in chain_s:
+        if str(d) in chain_s and d + 1 <= max(profile.step_s["chain"]):
             out.append(_finish(Candidate({"mode": "chain", "depth": d}, sum(reach), chain_s[str(d)],
                                          profile.step_cost(d + 1, tree=False)), profile.plain_step_s))
     measured_counts = sorted(profile.step_s.get("tree") or {})
@@ -152,7 +159,7 @@ def draft_model_candidates(profile: CostProfile, drafter: dict[str, Any], reach:
     out = []
     for key, draft in sorted(chain_s.items(), key=lambda kv: int(kv[0])):
         k = int(key)
-        if k > len(reach):
+        if k > len(reach) or k + 1 > max(profile.step_s["chain"]):
             continue
         out.append(_finish(Candidate({"mode": "chain", "k": k}, float(sum(reach[:k])), draft,
                                      profile.step_cost(k + 1, tree=False)), profile.plain_step_s))
@@ -395,7 +402,11 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
         tree = build_sparse_tree(prior if prior is not None else [[0.0]], DEFAULT_NUM_NODES)
         default_setting = {"mode": "tree", "tree_size": tree.size + 1, "depth": tree.depth,
                            "paths": [list(p) for p in tree.paths]}
-    default = predict_setting(kind, default_setting, profile, costs, numbers, prior)
+    try:
+        default: Candidate | None = predict_setting(kind, default_setting, profile, costs, numbers, prior)
+    except SpecgraftError as exc:  # e.g. a profile that stops short of the default's 60-64 tokens
+        logger.warning("no prediction for the default setting: %s", exc)
+        default = None
     result = TuneResult(kind, chosen, default, candidates, warnings=warnings)
     if confirm:
         measured_chosen = run_eval(target, drafter_for(kind, drafter_source, chosen.setting), prompts,
