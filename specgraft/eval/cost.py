@@ -9,6 +9,9 @@
   costs besides drafting. ``n = 1`` is a plain decoding step. Each value is the slope of generation time over the
   number of steps (two generation lengths, so prefill cancels), median over ``--repeats``.
 * ``forward_s``: the bare target forward of ``n`` new tokens on a ``kv_length`` cache (no decoder), for reference.
+* Load drift: every time is taken as a ratio to a bare one-token target forward timed right next to it (each
+  ``n``-token step also to a plain step timed right before it) and scaled back with that forward's median over
+  the run, so on a shared machine the costs stay comparable with one another even when the absolute speed drifts.
 * ``drafters``: per drafter, the time of one ``propose`` call (median over calls) per setting: Medusa per number
   of heads used (one call reads every head once), EAGLE/EAGLE-3 per chain depth and per (top-k, depth) tree,
   a draft model per chain length ``k``.
@@ -252,31 +255,95 @@ class _FixedDrafter(Drafter):
         return self._tree
 
 
-def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repeats: int) -> dict[str, dict[int, float]]:
-    """``{"chain": {n: s}, "tree": {n: s}}``: decoder step time verifying n tokens (see the module docstring)."""
+def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repeats: int,
+                  ref: _Reference) -> dict[str, dict[int, float]]:
+    """``{"chain": {n: r}, "tree": {n: r}}``: decoder step time verifying n tokens, in units of ``ref``.
+
+    Each measurement of ``n`` tokens is paired with a plain step measured right before it (and the plain step with
+    the reference forward), and medians of the ratios are kept: on a shared machine the load drifts, and pairing
+    cancels it the way the eval's interleaved baseline does."""
     from specgraft.eval.decoder import SpeculativeDecoder
     from specgraft.eval.kv import model_device, text_config
 
     vocab = int(text_config(model).vocab_size)
     device = model_device(model)
     prompt = _random_prompt(vocab, kv_length)
-    out: dict[str, dict[int, float]] = {"chain": {}, "tree": {}}
-    for mode in ("chain", "tree"):
-        for n in token_counts:
-            if mode == "tree" and n < 3:
-                continue  # 1 or 2 tokens are always a chain
-            drafter = None if n == 1 else _FixedDrafter(n - 1, mode == "tree", vocab, device)
-            decoder = SpeculativeDecoder(model, None, drafter=drafter, ignore_eos=True)
-            decoder.generate(prompt, SHORT_STEPS)  # warm-up
-            slopes = []
-            for _ in range(repeats):
-                short = decoder.generate(prompt, SHORT_STEPS)
-                long = decoder.generate(prompt, LONG_STEPS)
-                steps = long.num_steps - short.num_steps
-                if steps > 0:
-                    slopes.append((long.wall_time_s - short.wall_time_s) / steps)
-            out[mode][int(n)] = max(statistics.median(slopes), 1e-9) if slopes else float("nan")
+
+    def slope(decoder: SpeculativeDecoder) -> float | None:
+        short = decoder.generate(prompt, SHORT_STEPS)
+        long = decoder.generate(prompt, LONG_STEPS)
+        steps = long.num_steps - short.num_steps
+        return (long.wall_time_s - short.wall_time_s) / steps if steps > 0 else None
+
+    plain = SpeculativeDecoder(model, None, drafter=None, ignore_eos=True)
+    decoders = {(mode, int(n)): SpeculativeDecoder(model, None, drafter=_FixedDrafter(n - 1, mode == "tree", vocab,
+                                                                                       device), ignore_eos=True)
+                for mode in ("chain", "tree") for n in token_counts if n > (2 if mode == "tree" else 1)}
+    for decoder in [plain, *decoders.values()]:
+        decoder.generate(prompt, SHORT_STEPS)  # warm-up
+    plain_times: list[float] = []
+    ratios: dict[tuple[str, int], list[float]] = {key: [] for key in decoders}
+    for _ in range(repeats):
+        for key, decoder in decoders.items():
+            unit = ref.time()
+            base, step = slope(plain), slope(decoder)
+            if base is not None and base > 0:
+                plain_times.append(base / unit)
+                if step is not None:
+                    ratios[key].append(step / base)
+    if not plain_times:
+        raise SpecgraftError("could not time a plain decoding step (the decoder stopped early); raise --kv-length "
+                             "headroom or check the target")
+    plain_s = statistics.median(plain_times)
+    out: dict[str, dict[int, float]] = {"chain": {1: plain_s}, "tree": {}}
+    for (mode, n), values in ratios.items():
+        if values:
+            out[mode][n] = max(statistics.median(values), 0.0) * plain_s
+    out["chain"] = dict(sorted(out["chain"].items()))
     return out
+
+
+class _Reference:
+    """A bare one-token target forward timed next to each drafter measurement: drafter costs are kept as ratios
+    to it (times its overall median), so load drift between settings cancels."""
+
+    def __init__(self, model: Any, kv_length: int, calls: int) -> None:
+        import torch
+
+        from specgraft.eval import kv
+
+        self.model, self.kv_length, self.calls = model, kv_length, calls
+        self.cache = kv.new_cache()
+        vocab = int(kv.text_config(model).vocab_size)
+        self.ids = torch.tensor([_random_prompt(vocab, kv_length + 1)], device=kv.model_device(model))
+        self.sync = _sync_fn(kv.model_device(model))
+        with torch.no_grad():
+            model(input_ids=self.ids[:, :kv_length], cache=self.cache, use_cache=True, logits_to_keep=1)
+        self.samples: list[float] = []
+
+    def time(self) -> float:
+        import torch
+
+        from specgraft.eval import kv
+
+        def step() -> None:
+            with torch.no_grad():
+                self.model(input_ids=self.ids[:, self.kv_length:], cache=self.cache, use_cache=True)
+            kv.crop_cache(self.cache, self.kv_length)
+
+        value = _median_time(step, self.calls, self.sync)
+        self.samples.append(value)
+        return value
+
+    def relative(self, measure: Callable[[], float]) -> float:
+        """``measure()`` as a ratio to the reference timed just before it."""
+        ref = self.time()
+        return measure() / ref
+
+    def scale(self, table: dict[Any, Any]) -> dict[Any, Any]:
+        """Ratios (nested tables too) -> seconds, at the median reference over the whole measurement."""
+        median = statistics.median(self.samples)
+        return {key: self.scale(value) if isinstance(value, dict) else value * median for key, value in table.items()}
 
 
 def measure_forwards(model: Any, kv_length: int, token_counts: Sequence[int], repeats: int) -> dict[int, float]:
@@ -334,38 +401,40 @@ def _time_propose(drafter: Any, model: Any, prompt: list[int], calls: int) -> fl
     return _median_time(lambda: drafter.propose(ctx), calls, _sync_fn(model_device(model)))
 
 
-def measure_head(head: Any, head_type: str, model: Any, kv_length: int, calls: int) -> dict[str, Any]:
-    """A drafter section for a Medusa or EAGLE head (see the module docstring)."""
+def measure_head(head: Any, head_type: str, model: Any, kv_length: int, calls: int,
+                 ref: _Reference) -> dict[str, Any]:
+    """A drafter section for a Medusa or EAGLE head (see the module docstring), in units of ``ref``."""
     from specgraft.eval.kv import text_config
 
     prompt = _random_prompt(int(text_config(model).vocab_size), kv_length)
+
+    def timed(drafter: Any) -> float:
+        return ref.relative(lambda: _time_propose(drafter, model, prompt, calls))
+
     if head_type == "medusa":
         from specgraft.heads.medusa_tree import MedusaDrafter
 
-        per_heads = {}
-        for heads in range(1, min(head.num_heads, MEDUSA_MAX_HEADS) + 1):
-            drafter = MedusaDrafter(head, mode="chain", max_depth=heads)
-            per_heads[str(heads)] = _time_propose(drafter, model, prompt, calls)
+        per_heads = {str(h): timed(MedusaDrafter(head, mode="chain", max_depth=h))
+                     for h in range(1, min(head.num_heads, MEDUSA_MAX_HEADS) + 1)}
         return {"kind": "medusa", "num_heads": head.num_heads, "per_call_s": per_heads}
     from specgraft.heads.eagle_drafter import EagleDrafter
 
-    chain = {str(d): _time_propose(EagleDrafter(head, mode="chain", depth=d), model, prompt, calls)
-             for d in EAGLE_DEPTHS}
+    chain = {str(d): timed(EagleDrafter(head, mode="chain", depth=d)) for d in EAGLE_DEPTHS}
     tree = {}
     for k in EAGLE_TOP_KS:
         for d in EAGLE_DEPTHS:
             total = 1 + k * d  # about the nodes an EAGLE-2 tree of this width and depth keeps
-            tree[f"{k},{d}"] = _time_propose(EagleDrafter(head, mode="tree", top_k=k, depth=d, total_tokens=total),
-                                             model, prompt, calls)
+            tree[f"{k},{d}"] = timed(EagleDrafter(head, mode="tree", top_k=k, depth=d, total_tokens=total))
     return {"kind": head_type, "chain_s": chain, "tree_s": tree}
 
 
-def measure_draft_model(draft: Any, model: Any, kv_length: int, calls: int) -> dict[str, Any]:
+def measure_draft_model(draft: Any, model: Any, kv_length: int, calls: int, ref: _Reference) -> dict[str, Any]:
     from specgraft.eval.drafters import DraftModelDrafter
     from specgraft.eval.kv import text_config
 
     prompt = _random_prompt(int(text_config(model).vocab_size), kv_length)
-    chain = {str(k): _time_propose(DraftModelDrafter(draft, k=k), model, prompt, calls) for k in DRAFT_MODEL_KS}
+    chain = {str(k): ref.relative(lambda k=k: _time_propose(DraftModelDrafter(draft, k=k), model, prompt, calls))
+             for k in DRAFT_MODEL_KS}
     return {"kind": "draft_model", "chain_s": chain}
 
 
@@ -389,15 +458,24 @@ def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_le
     model = target.model
     check_fits(model, kv_length, max(counts))
     logger.info("measuring decoder steps for %s tokens at KV length %d", counts, kv_length)
-    step = measure_steps(model, kv_length, counts, repeats)
+    # Every time is measured as a ratio to a bare one-token forward timed next to it, and scaled back with that
+    # forward's median over the whole run, so steps and drafters share one time base despite load drift.
+    ref = _Reference(model, kv_length, draft_calls)
+    step = measure_steps(model, kv_length, counts, repeats, ref)
     forward = measure_forwards(model, kv_length, counts, repeats)
     drafters: dict[str, dict[str, Any]] = {}
+    tables = ("per_call_s", "chain_s", "tree_s")
     for label, head, head_type in heads:
         logger.info("measuring the %s drafter", label)
-        drafters[label] = {**measure_head(head, head_type, model, kv_length, draft_calls), "path": label}
+        drafters[label] = {**measure_head(head, head_type, model, kv_length, draft_calls, ref), "path": label}
     for label, draft in drafts:
         logger.info("measuring the draft model %s", label)
-        drafters[label] = {**measure_draft_model(draft, model, kv_length, draft_calls), "path": label}
+        drafters[label] = {**measure_draft_model(draft, model, kv_length, draft_calls, ref), "path": label}
+    step = ref.scale(step)
+    for section in drafters.values():
+        for table in tables:
+            if table in section:
+                section[table] = ref.scale(section[table])
     return CostProfile(device=str(device), device_name=device_description(str(device)), dtype=str(dtype),
                        threads=int(threads), torch_version=str(torch.__version__), target=target.identity.to_dict(),
                        kv_length=int(kv_length), step_s=step, forward_s=forward, drafters=drafters)

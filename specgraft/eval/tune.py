@@ -372,8 +372,11 @@ def drafter_info(kind: str, head_type: str, path: str, setting: dict[str, Any], 
 def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir: Path, prompts: Sequence[Any],
          out_dir: Path, *, profile: CostProfile, calibration: tuple[dict[str, Any], str] | None,
          settings: Any, confirm: bool = True, prior: Sequence[Sequence[float]] | None = None,
-         progress: bool = True) -> tuple[TuneResult, dict[str, Any]]:
-    """Calibrate (unless given), predict, choose and confirm; returns the result and the tuned.json record."""
+         progress: bool = True, calibration_is_default: bool = False) -> tuple[TuneResult, dict[str, Any]]:
+    """Calibrate (unless given), predict, choose and confirm; returns the result and the tuned.json record.
+
+    ``calibration_is_default``: the given calibration report was measured at the default setting on these
+    prompts, so it also serves as the default's confirming measurement."""
     from specgraft.eval.report import run_eval
 
     if not prompts:
@@ -390,6 +393,7 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
                           settings=settings, progress=progress,
                           drafter_info=drafter_info(kind, head_type, str(source_dir), calib_setting, "calibration"))
         calibration = (report, str(out_dir / "calibration" / "report.json"))
+        calibration_is_default = kind != "draft_model"  # heads calibrate at their default setting
     report, calibration_path = calibration
     numbers = calibration_numbers(report, calibration_path)
     costs = profile.drafter(_profile_label(profile, kind, source_dir))
@@ -414,7 +418,7 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
                                    drafter_info=drafter_info(kind, head_type, str(source_dir), chosen.setting,
                                                              "tuned"))["overall"]
         result.measured["tuned"] = _measured(measured_chosen)
-        if kind != "draft_model" and numbers["drafter"].get("setting_source") == "calibration":
+        if calibration_is_default:
             # The calibration run IS the default setting, measured the same way (same prompts and process).
             result.measured["default"] = _measured(report["overall"])
         else:
