@@ -50,6 +50,7 @@ SHORT_STEPS, LONG_STEPS = 4, 16
 DRAFT_CALLS = 15
 #: Settings measured for drafters.
 MEDUSA_MAX_HEADS = 8
+MEDUSA_NODES = (1, 3, 7, 15, 31, 63)
 EAGLE_DEPTHS = (1, 2, 3, 4, 5, 6)
 EAGLE_TOP_KS = (2, 3, 4, 6, 8, 10)
 DRAFT_MODEL_KS = (1, 2, 3, 4, 5, 6, 8)
@@ -299,8 +300,22 @@ def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repea
     for (mode, n), values in ratios.items():
         if values:
             out[mode][n] = max(statistics.median(values), 0.0) * plain_s
-    out["chain"] = dict(sorted(out["chain"].items()))
-    return out
+    return {mode: monotone(table) for mode, table in out.items()}
+
+
+def monotone(table: dict[int, float]) -> dict[int, float]:
+    """The closest non-decreasing curve (pool-adjacent-violators): verifying more tokens never costs less, so a
+    dip is timing noise, and pooling it with its neighbours averages that noise out."""
+    keys = sorted(table)
+    blocks: list[list[float]] = []  # [sum, count] per pooled block
+    for k in keys:
+        blocks.append([table[k], 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    values = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
+    return dict(zip(keys, values))
 
 
 class _Reference:
@@ -398,7 +413,11 @@ def _time_propose(drafter: Any, model: Any, prompt: list[int], calls: int) -> fl
     ctx = _draft_context(model, prompt, needs, full=False)
     from specgraft.eval.kv import model_device
 
-    return _median_time(lambda: drafter.propose(ctx), calls, _sync_fn(model_device(model)))
+    def step() -> None:
+        drafter.propose(ctx)
+        drafter.accept([], 0)  # the eval's drafting time includes the verdict's bookkeeping
+
+    return _median_time(step, calls, _sync_fn(model_device(model)))
 
 
 def measure_head(head: Any, head_type: str, model: Any, kv_length: int, calls: int,
@@ -412,11 +431,18 @@ def measure_head(head: Any, head_type: str, model: Any, kv_length: int, calls: i
         return ref.relative(lambda: _time_propose(drafter, model, prompt, calls))
 
     if head_type == "medusa":
-        from specgraft.heads.medusa_tree import MedusaDrafter
+        from specgraft.heads.medusa_tree import MedusaDrafter, build_sparse_tree, head_topk_accuracy
 
-        per_heads = {str(h): timed(MedusaDrafter(head, mode="chain", max_depth=h))
-                     for h in range(1, min(head.num_heads, MEDUSA_MAX_HEADS) + 1)}
-        return {"kind": "medusa", "num_heads": head.num_heads, "per_call_s": per_heads}
+        # One call runs `h` heads and fills (and reports q for) the tree's nodes: cost by heads and nodes.
+        accuracy = head_topk_accuracy(head)
+        per_call: dict[str, dict[str, float]] = {}
+        for h in range(1, min(head.num_heads, MEDUSA_MAX_HEADS) + 1):
+            per_call[str(h)] = {}
+            for nodes in MEDUSA_NODES:
+                tree = build_sparse_tree(accuracy, nodes, max_depth=h)
+                if tree.depth == h and tree.size == nodes:
+                    per_call[str(h)][str(nodes)] = timed(MedusaDrafter(head, paths=tree.paths))
+        return {"kind": "medusa", "num_heads": head.num_heads, "per_call_s": per_call}
     from specgraft.heads.eagle_drafter import EagleDrafter
 
     chain = {str(d): timed(EagleDrafter(head, mode="chain", depth=d)) for d in EAGLE_DEPTHS}
@@ -543,8 +569,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"{n:>15} | {profile.step_s['chain'][n] * 1e3:8.3f} ms ({profile.step_s['chain'][n] / base:4.2f}x) | "
               + (f"{tree * 1e3:8.3f} ms ({tree / base:4.2f}x)" if tree else "-"))
     for label, section in profile.drafters.items():
-        print(f"drafter {label} ({section['kind']}): " + ", ".join(
-            f"{key} {value * 1e3:.2f} ms" for table in ("per_call_s", "chain_s") for key, value in
-            (section.get(table) or {}).items()))
+        cells = []
+        for table in ("per_call_s", "chain_s"):
+            for key, value in (section.get(table) or {}).items():
+                if isinstance(value, dict):  # Medusa: heads -> nodes -> seconds
+                    cells += [f"{key} heads/{n} nodes {v * 1e3:.2f} ms" for n, v in value.items()]
+                else:
+                    cells.append(f"{key} {value * 1e3:.2f} ms")
+        print(f"drafter {label} ({section['kind']}): " + ", ".join(cells))
     print(f"wrote {args.out}")
     return 0

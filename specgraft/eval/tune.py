@@ -85,6 +85,23 @@ def _is_chain(paths: Sequence[Sequence[int]]) -> bool:
     return all(all(r == 0 for r in p) for p in paths) and len({len(p) for p in paths}) == len(paths)
 
 
+def medusa_call_cost(per_call: dict[str, Any], depth: int, nodes: int) -> float:
+    """A Medusa call with ``depth`` heads and ``nodes`` tree nodes, linear in the nodes between measurements."""
+    table = per_call.get(str(depth))
+    if not isinstance(table, dict) or not table:
+        raise SpecgraftError(f"the cost profile has no Medusa cost for {depth} heads; re-run `specgraft profile` "
+                             "with this version")
+    points = sorted((int(n), float(s)) for n, s in table.items())
+    if nodes <= points[0][0]:
+        return points[0][1]
+    if nodes >= points[-1][0]:
+        return points[-1][1]
+    for (n0, s0), (n1, s1) in zip(points, points[1:]):
+        if n0 <= nodes <= n1:
+            return s0 + (s1 - s0) * (nodes - n0) / (n1 - n0)
+    raise AssertionError("unreachable: nodes lies between the measured points")
+
+
 def _table(section: dict[str, Any], name: str) -> dict[str, float]:
     table = section.get(name)
     if not table:
@@ -102,7 +119,7 @@ def _max_tokens(profile: CostProfile, limit: int) -> int:
 def medusa_candidates(profile: CostProfile, drafter: dict[str, Any], probs: Sequence[Sequence[float]],
                       max_tokens: int = MAX_TREE_TOKENS) -> list[Candidate]:
     """Every (depth, size) Medusa tree, each the DP optimum for its size and depth."""
-    per_call = _table(drafter, "per_call_s")
+    per_call = drafter.get("per_call_s") or {}
     max_tokens = _max_tokens(profile, max_tokens)
     out = []
     for depth in range(1, len(probs) + 1):
@@ -115,7 +132,7 @@ def medusa_candidates(profile: CostProfile, drafter: dict[str, Any], probs: Sequ
             chain = _is_chain(paths)
             setting = {"mode": "chain" if chain else "tree", "depth": depth, "tree_size": nodes + 1,
                        "paths": [list(p) for p in paths]}
-            out.append(_finish(Candidate(setting, value, per_call[str(depth)],
+            out.append(_finish(Candidate(setting, value, medusa_call_cost(per_call, depth, nodes),
                                          profile.step_cost(nodes + 1, tree=not chain)), profile.plain_step_s))
     return out
 
@@ -245,8 +262,8 @@ def predict_setting(kind: str, setting: dict[str, Any], profile: CostProfile, dr
     if kind == "medusa":
         paths = [tuple(p) for p in setting["paths"]]
         depth = max(len(p) for p in paths)
-        per_call = _table(drafter_costs, "per_call_s")
-        return _finish(Candidate(dict(setting), tree_value(paths, probs), per_call[str(min(depth, len(per_call)))],
+        per_call = drafter_costs.get("per_call_s") or {}
+        return _finish(Candidate(dict(setting), tree_value(paths, probs), medusa_call_cost(per_call, depth, len(paths)),
                                  profile.step_cost(len(paths) + 1, tree=not _is_chain(paths))), plain)
     depth = int(setting["depth"])
     if setting.get("mode") == "chain":

@@ -63,6 +63,13 @@ def test_cost_profile_with_missing_fields_is_one_error(tmp_path):
         CostProfile.load(tmp_path / "bad.json")
 
 
+def test_step_curves_are_made_monotone():
+    from specgraft.eval.cost import monotone
+
+    assert monotone({1: 1.0, 2: 1.6, 4: 1.2, 8: 2.0}) == pytest.approx({1: 1.0, 2: 1.4, 4: 1.4, 8: 2.0})
+    assert monotone({1: 1.0, 3: 2.0}) == {1: 1.0, 3: 2.0}
+
+
 def test_profile_from_another_device_or_target_warns_naming_both():
     profile = synthetic_profile(device="cuda:0", device_name="NVIDIA H200")
     other = {**TARGET, "name_or_path": "big", "hidden_size": 4096}
@@ -174,18 +181,20 @@ def test_tune_picks_the_known_best_draft_length():
 
 def test_tune_medusa_trades_tree_size_for_verify_cost():
     stats = {"rank_attempts": [[100, 100, 100], [80, 80], [60]], "rank_accepts": [[60, 20, 5], [48, 8], [30]]}
-    profile = synthetic_profile(drafters={"m": {"kind": "medusa", "per_call_s": {"1": 1e-4, "2": 2e-4, "3": 3e-4}}})
+    # A call costs 0.1 ms per head plus 0.01 ms per node (measured at 1 and 31 nodes, linear between).
+    per_call = {str(h): {str(n): 1e-4 * h + 1e-5 * n for n in (1, 31)} for h in (1, 2, 3)}
+    profile = synthetic_profile(drafters={"m": {"kind": "medusa", "per_call_s": per_call}})
     calibration = {"reach": [], "statistics": stats, "drafter": {}}
     ranked = candidates_for("medusa", profile, profile.drafters["m"], calibration)
     best = ranked[0]
     # Brute force over every tree (up to all 15 nodes with a measured rate) with the same cost model.
     probs = rank_probabilities(stats)
-    per_call = profile.drafters["m"]["per_call_s"]
 
     def speed(tree) -> float:
         depth = max(len(p) for p in tree)
         chain = all(r == 0 for p in tree for r in p) and len(tree) == depth
-        return (1 + tree_value(tree, probs)) / (per_call[str(depth)] + profile.step_cost(len(tree) + 1, tree=not chain))
+        draft = 1e-4 * depth + 1e-5 * len(tree)
+        return (1 + tree_value(tree, probs)) / (draft + profile.step_cost(len(tree) + 1, tree=not chain))
 
     brute = max(speed(t) for n in range(1, 16) for t in all_trees(3, 3, n, widths=[3, 2, 1]))
     assert best.tokens_per_s == pytest.approx(brute)
@@ -232,7 +241,8 @@ def test_profile_tune_eval_export_end_to_end(disk, tmp_path, capsys):
     assert code == 0, err
     data = json.loads(profile.read_text(encoding="utf-8"))
     assert set(data["step_s"]) == {"chain", "tree"} and "64" in data["step_s"]["tree"]
-    assert data["drafters"][str(disk / "medusa")]["per_call_s"].keys() == {"1", "2"}
+    per_call = data["drafters"][str(disk / "medusa")]["per_call_s"]
+    assert per_call.keys() == {"1", "2"} and set(per_call["2"]) == {"3", "7", "15", "31", "63"}
     assert data["target"]["hidden_size"] == 64 and data["threads"] >= 1
 
     head = tmp_path / "medusa"
