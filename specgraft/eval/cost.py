@@ -240,17 +240,22 @@ def _random_prompt(vocab: int, length: int, seed: int = 0) -> list[int]:
 
 
 class _FixedDrafter(Drafter):
-    """A zero-cost drafter: the same ``size`` random tokens every step (a chain or a depth-1 fan)."""
+    """A zero-cost drafter: the same ``size`` random tokens every step (a chain or a depth-1 fan).
 
-    def __init__(self, size: int, tree: bool, vocab: int, device: Any) -> None:
+    Like the real drafters it reports a q row per node and asks for the target's last hidden state, so the step
+    pays the decoder's per-node work on q and the hidden-state outputs, as a head-drafted step does."""
+
+    def __init__(self, size: int, tree: bool, vocab: int, device: Any, num_layers: int) -> None:
         import torch
 
+        self.needs_hidden_states = (num_layers,)
         tokens = torch.tensor(_random_prompt(vocab, size, seed=1), dtype=torch.long, device=device)
+        q = torch.full((size, vocab), 1.0 / vocab, device=device)  # [n, V]
         if tree:
             self._tree = DraftTree(tokens=tokens, parents=torch.full((size,), -1, dtype=torch.long, device=device),
-                                   q=None, sampled=False)
+                                   q=q, sampled=False)
         else:
-            self._tree = DraftTree.chain(tokens, q=None, sampled=False)
+            self._tree = DraftTree.chain(tokens, q=q, sampled=False)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         return self._tree
@@ -277,8 +282,9 @@ def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repea
         return (long.wall_time_s - short.wall_time_s) / steps if steps > 0 else None
 
     plain = SpeculativeDecoder(model, None, drafter=None, ignore_eos=True)
-    decoders = {(mode, int(n)): SpeculativeDecoder(model, None, drafter=_FixedDrafter(n - 1, mode == "tree", vocab,
-                                                                                       device), ignore_eos=True)
+    layers = int(text_config(model).num_hidden_layers)
+    decoders = {(mode, int(n)): SpeculativeDecoder(
+        model, None, drafter=_FixedDrafter(n - 1, mode == "tree", vocab, device, layers), ignore_eos=True)
                 for mode in ("chain", "tree") for n in token_counts if n > (2 if mode == "tree" else 1)}
     for decoder in [plain, *decoders.values()]:
         decoder.generate(prompt, SHORT_STEPS)  # warm-up
