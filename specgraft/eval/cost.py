@@ -457,6 +457,14 @@ def measure_head(head: Any, head_type: str, model: Any, kv_length: int, calls: i
         for d in EAGLE_DEPTHS:
             total = 1 + k * d  # about the nodes an EAGLE-2 tree of this width and depth keeps
             tree[f"{k},{d}"] = timed(EagleDrafter(head, mode="tree", top_k=k, depth=d, total_tokens=total))
+    # Drafting deeper or wider never costs less: smooth timing noise along depth, then along width.
+    chain = {str(d): v for d, v in monotone({int(d): v for d, v in chain.items()}).items()}
+    for k in EAGLE_TOP_KS:
+        row = monotone({d: tree[f"{k},{d}"] for d in EAGLE_DEPTHS})
+        tree.update({f"{k},{d}": v for d, v in row.items()})
+    for d in EAGLE_DEPTHS:
+        column = monotone({k: tree[f"{k},{d}"] for k in EAGLE_TOP_KS})
+        tree.update({f"{k},{d}": v for k, v in column.items()})
     return {"kind": head_type, "chain_s": chain, "tree_s": tree}
 
 
@@ -467,6 +475,7 @@ def measure_draft_model(draft: Any, model: Any, kv_length: int, calls: int, ref:
     prompt = _random_prompt(int(text_config(model).vocab_size), kv_length)
     chain = {str(k): ref.relative(lambda k=k: _time_propose(DraftModelDrafter(draft, k=k), model, prompt, calls))
              for k in DRAFT_MODEL_KS}
+    chain = {str(k): v for k, v in monotone({int(k): v for k, v in chain.items()}).items()}
     return {"kind": "draft_model", "chain_s": chain}
 
 

@@ -463,6 +463,20 @@ def _profile_label(profile: CostProfile, kind: str, source_dir: Path) -> str:
                          f"{source_dir}`")
 
 
+def is_default_run(kind: str, report: dict[str, Any]) -> bool:
+    """Whether an eval report was measured at the drafter's default setting (then it doubles as the default's
+    confirming measurement)."""
+    drafter = report.get("drafter") or {}
+    default = DEFAULTS[kind]
+    if kind == "medusa":
+        return drafter.get("mode") == "tree" and drafter.get("tree_size") == default["tree_size"]
+    if kind == "eagle":
+        return (drafter.get("mode") == "tree" and drafter.get("top_k") == default["top_k"]
+                and drafter.get("k", drafter.get("depth")) == default["depth"]
+                and drafter.get("tree_size", drafter.get("total_tokens")) == default["total_tokens"])
+    return drafter.get("mode") == "chain" and drafter.get("k") == default["k"]
+
+
 def default_kv_length(prompt_lengths: Sequence[int], max_new_tokens: int) -> int:
     mean = sum(prompt_lengths) / len(prompt_lengths) if prompt_lengths else 0
     return max(2, int(round(mean + max_new_tokens / 2)))
@@ -522,7 +536,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"measured the cost profile -> {out_profile}")
     result, record = tune(target, kind, head_type, source, source_dir, prompts, args.out or source_dir / "tune",
                           profile=profile, calibration=calibration, settings=settings,
-                          confirm=not args.no_confirm, prior=prior)
+                          confirm=not args.no_confirm, prior=prior,
+                          calibration_is_default=calibration is not None and is_default_run(kind, calibration[0]))
     atomic_write_json(tuned_file, record)
     print_result(result, profile)
     print(f"wrote {tuned_file}; `specgraft eval --head/--draft {source_dir}` now uses it (a setting flag wins)")
