@@ -54,6 +54,7 @@ MEDUSA_NODES = (1, 3, 7, 15, 31, 63)
 EAGLE_DEPTHS = (1, 2, 3, 4, 5, 6)
 EAGLE_TOP_KS = (2, 3, 4, 6, 8, 10)
 DRAFT_MODEL_KS = (1, 2, 3, 4, 5, 6, 8)
+CATCHUP_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 #: Keys every profile JSON must hold.
 REQUIRED_KEYS = ("version", "device", "dtype", "threads", "torch_version", "target", "kv_length", "step_s")
 
@@ -476,7 +477,12 @@ def measure_draft_model(draft: Any, model: Any, kv_length: int, calls: int, ref:
     chain = {str(k): ref.relative(lambda k=k: _time_propose(DraftModelDrafter(draft, k=k), model, prompt, calls))
              for k in DRAFT_MODEL_KS}
     chain = {str(k): v for k, v in monotone({int(k): v for k, v in chain.items()}).items()}
-    return {"kind": "draft_model", "chain_s": chain}
+    # Each step the draft first catches up on the accepted tokens and the bonus (one here): the cost of catching up
+    # on c tokens lets the tuner charge the expected number instead.
+    unit = ref.time()
+    catchup = {str(c): t / unit for c, t in monotone(measure_forwards(draft, kv_length, CATCHUP_TOKENS,
+                                                                      calls)).items()}
+    return {"kind": "draft_model", "chain_s": chain, "catchup_s": catchup}
 
 
 def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_length: int = DEFAULT_KV_LENGTH,
@@ -505,7 +511,7 @@ def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_le
     step = measure_steps(model, kv_length, counts, repeats, ref)
     forward = measure_forwards(model, kv_length, counts, repeats)
     drafters: dict[str, dict[str, Any]] = {}
-    tables = ("per_call_s", "chain_s", "tree_s")
+    tables = ("per_call_s", "chain_s", "tree_s", "catchup_s")
     for label, head, head_type in heads:
         logger.info("measuring the %s drafter", label)
         drafters[label] = {**measure_head(head, head_type, model, kv_length, draft_calls, ref), "path": label}

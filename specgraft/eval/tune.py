@@ -170,15 +170,30 @@ def eagle_candidates(profile: CostProfile, drafter: dict[str, Any], probs: Seque
     return out
 
 
+def draft_model_cost(drafter: dict[str, Any], k: int, expected_accepted: float) -> float:
+    """A draft-model step: the profile's k-token chain (one-token catch-up) plus catching up on the expected
+    accepted tokens and the bonus instead of one (when the profile measured catch-up costs)."""
+    draft = _table(drafter, "chain_s")[str(k)]
+    catchup = {int(c): float(s) for c, s in (drafter.get("catchup_s") or {}).items()}
+    if catchup:
+        tokens = min(max(catchup), max(1.0, 1.0 + expected_accepted))
+        low = int(tokens)
+        high = min(low + 1, max(catchup))
+        value = catchup[low] + (catchup[high] - catchup[low]) * (tokens - low)
+        draft += value - catchup[1]
+    return draft
+
+
 def draft_model_candidates(profile: CostProfile, drafter: dict[str, Any], reach: Sequence[float]) -> list[Candidate]:
     """Chains of k draft tokens (greedy: exact expected acceptance from a longer chain's reach rates)."""
     chain_s = _table(drafter, "chain_s")
     out = []
-    for key, draft in sorted(chain_s.items(), key=lambda kv: int(kv[0])):
+    for key in sorted(chain_s, key=int):
         k = int(key)
         if k > len(reach) or k + 1 > max(profile.step_s["chain"]):
             continue
-        out.append(_finish(Candidate({"mode": "chain", "k": k}, float(sum(reach[:k])), draft,
+        accepted = float(sum(reach[:k]))
+        out.append(_finish(Candidate({"mode": "chain", "k": k}, accepted, draft_model_cost(drafter, k, accepted),
                                      profile.step_cost(k + 1, tree=False)), profile.plain_step_s))
     return out
 
@@ -253,8 +268,9 @@ def predict_setting(kind: str, setting: dict[str, Any], profile: CostProfile, dr
         if k > len(calibration["reach"]):
             raise SpecgraftError(f"the calibration chain reached depth {len(calibration['reach'])}; it cannot "
                                  f"predict k={k}")
-        return _finish(Candidate(dict(setting), float(sum(calibration["reach"][:k])),
-                                 _table(drafter_costs, "chain_s")[str(k)], profile.step_cost(k + 1, tree=False)), plain)
+        accepted = float(sum(calibration["reach"][:k]))
+        return _finish(Candidate(dict(setting), accepted, draft_model_cost(drafter_costs, k, accepted),
+                                 profile.step_cost(k + 1, tree=False)), plain)
     if not calibration.get("statistics"):
         raise SpecgraftError("the calibration report has no acceptance_statistics (per depth and rank); re-run "
                              "`specgraft eval` with this version for the head")

@@ -315,3 +315,12 @@ def test_bad_input_exits_2_with_one_error_line(disk, tmp_path, capsys, case):
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and fragment in errors[0] and "Traceback" not in err, err
     assert not (tmp_path / "p.json").exists() and not (disk / "medusa" / "tuned.json").exists()
+
+
+def test_draft_model_cost_charges_the_expected_catch_up():
+    from specgraft.eval.tune import draft_model_cost
+
+    drafter = {"kind": "draft_model", "chain_s": {"2": 1e-3}, "catchup_s": {"1": 1e-4, "2": 2e-4, "3": 4e-4}}
+    # 1.5 accepted drafts + the bonus = 2.5 tokens to catch up on: 3e-4 by interpolation, 1e-4 already in chain_s
+    assert draft_model_cost(drafter, 2, 1.5) == pytest.approx(1e-3 + 3e-4 - 1e-4)
+    assert draft_model_cost({"kind": "draft_model", "chain_s": {"2": 1e-3}}, 2, 1.5) == pytest.approx(1e-3)
