@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "distill": ("specgraft.distill.cli", "Distill a standalone draft model on the target's outputs."),
     "eval": ("specgraft.eval.cli", "Measure tau, acceptance and speedup per domain with the lossless decoder."),
     "simulate": ("specgraft.eval.simulate", "Predict tau and speedup for another setting from closed forms."),
+    "profile": ("specgraft.eval.cost", "Measure this device's cost of verifying N tokens and of each drafter."),
+    "tune": ("specgraft.eval.tune", "Choose the fastest tree/draft length for this device and confirm it."),
     "export": ("specgraft.export.cli", "Export a head for vLLM, SGLang or TensorRT-LLM."),
     "push": ("specgraft.export.push", "Upload an exported head folder to the Hugging Face Hub."),
     "regenerate": ("specgraft.data.regenerate", "Rewrite assistant turns with the target (self-distillation data)."),

@@ -37,12 +37,17 @@ class DemoBudget:
     prompts_per_domain: int
     max_new_tokens: int
     repeats: int
+    #: The device cost profile the tuning step measures (tokens verified at once, timing repeats, draft calls).
+    profile_token_counts: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+    profile_repeats: int = 5
+    draft_calls: int = 15
 
 
 FULL = DemoBudget(docs_per_domain=300, max_length=256, micro_batch_size=8, medusa_steps=300, eagle3_steps=300,
                   distill_steps=300, prompts_per_domain=5, max_new_tokens=64, repeats=1)
 QUICK = DemoBudget(docs_per_domain=20, max_length=128, micro_batch_size=4, medusa_steps=8, eagle3_steps=8,
-                   distill_steps=8, prompts_per_domain=1, max_new_tokens=16, repeats=1)
+                   distill_steps=8, prompts_per_domain=1, max_new_tokens=16, repeats=1,
+                   profile_token_counts=(1, 2, 3, 4, 8), profile_repeats=1, draft_calls=2)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,10 +120,11 @@ def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: se
     if "distill" not in skip and importlib.util.find_spec("specgraft.distill.trainer") is not None:
         draft_dir = _distill(out, target_path, train_file, budget)
         results["distilled draft"] = _evaluate_draft(out, draft_dir, target_path, prompts_file, budget)
+    tuning = _tune_all(out, results, target_path, prompts_file, budget, threads) if results else {}
     exports = {} if "export" in skip else _export(out, results)
 
     elapsed = time.perf_counter() - started
-    summary = _write_summary(out, results, exports, elapsed, report)
+    summary = _write_summary(out, results, exports, elapsed, report, tuning)
     return summary
 
 
@@ -217,8 +223,8 @@ def _evaluate_head(out: Path, kind: str, head_dir: Path, target_path: Path, prom
     print(f"[demo] evaluating {kind} per domain", flush=True)
     report = run_eval(target, drafter, _load_prompts(prompts_file), out / "eval" / kind,
                       settings=_eval_settings(budget), drafter_info={"type": kind, "path": str(head_dir),
-                                                                     "mode": "tree"})
-    return {"report": report, "report_dir": out / "eval" / kind, "head_dir": head_dir}
+                                                                     "mode": "tree", "setting_source": "defaults"})
+    return {"report": report, "report_dir": out / "eval" / kind, "head_dir": head_dir, "drafter_dir": head_dir}
 
 
 def _evaluate_draft(out: Path, draft_dir: Path, target_path: Path, prompts_file: Path,
@@ -235,8 +241,63 @@ def _evaluate_draft(out: Path, draft_dir: Path, target_path: Path, prompts_file:
     print("[demo] evaluating the distilled draft per domain", flush=True)
     report = run_eval(target, drafter, _load_prompts(prompts_file), out / "eval" / "distilled",
                       settings=_eval_settings(budget), drafter_info={"type": "draft_model", "path": str(draft_dir),
-                                                                     "mode": "chain", "k": 4})
-    return {"report": report, "report_dir": out / "eval" / "distilled", "head_dir": None}
+                                                                     "mode": "chain", "k": 4,
+                                                                     "setting_source": "defaults"})
+    return {"report": report, "report_dir": out / "eval" / "distilled", "head_dir": None, "drafter_dir": draft_dir}
+
+
+# -- tuning ---------------------------------------------------------------------------------------------------
+def _tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, prompts_file: Path,
+              budget: DemoBudget, threads: int | None) -> dict[str, dict[str, Any]]:
+    """Measure this machine's cost profile once, then tune every drafter from its default eval (the calibration)
+    and evaluate it at the tuned setting; writes tuned.json beside each head/draft (exports pick it up)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specgraft.eval.cost import measure_profile
+    from specgraft.eval.prompts import render_turn
+    from specgraft.eval.tune import TUNED_NAME, default_kv_length, kind_of, setting_label, tune
+    from specgraft.heads.base import load_head
+    from specgraft.heads.medusa_tree import head_topk_accuracy
+    from specgraft.target import load_target
+
+    target = load_target(target_path)
+    prompts = _load_prompts(prompts_file)
+    sources: dict[str, tuple[str, str, Any]] = {}  # name -> (kind, head type, head or draft model)
+    for name, result in results.items():
+        if result["head_dir"] is not None:
+            head = load_head(target, result["head_dir"])
+            sources[name] = (kind_of(head.head_type), head.head_type, head)
+        else:
+            sources[name] = ("draft_model", "draft_model",
+                             AutoModelForCausalLM.from_pretrained(result["drafter_dir"]).eval())
+    lengths = [len(render_turn(target.tokenizer, p.turns, [])[1]) for p in prompts]
+    kv_length = default_kv_length(lengths, budget.max_new_tokens)
+    print(f"[demo] measuring this machine's cost profile (KV length {kv_length})", flush=True)
+    profile = measure_profile(
+        target, device="cpu", dtype="float32", threads=threads or torch.get_num_threads(), kv_length=kv_length,
+        token_counts=budget.profile_token_counts, repeats=budget.profile_repeats, draft_calls=budget.draft_calls,
+        heads=[(str(results[n]["drafter_dir"]), src, ht) for n, (k, ht, src) in sources.items() if k != "draft_model"],
+        drafts=[(str(results[n]["drafter_dir"]), src) for n, (k, _, src) in sources.items() if k == "draft_model"])
+    profile.save(out / "cost_profile.json")
+    tuned: dict[str, dict[str, Any]] = {}
+    for name, (kind, head_type, source) in sources.items():
+        result = results[name]
+        print(f"[demo] tuning {name} for this machine", flush=True)
+        prior = head_topk_accuracy(source).tolist() if kind == "medusa" else None
+        outcome, record = tune(target, kind, head_type, source, result["drafter_dir"], prompts,
+                               out / "tune" / name.replace(" ", "_"), profile=profile,
+                               calibration=(result["report"], str(result["report_dir"] / "report.json")),
+                               settings=_eval_settings(budget), prior=prior, calibration_is_default=True)
+        atomic_write_json(Path(result["drafter_dir"]) / TUNED_NAME, record)
+        tuned[name] = {"setting": setting_label(kind, outcome.chosen.setting),
+                       "default": setting_label(kind, outcome.default.setting) if outcome.default else "default",
+                       "predicted": outcome.chosen.speedup,
+                       "predicted_default": outcome.default.speedup if outcome.default else None,
+                       "measured": (outcome.measured.get("tuned") or {}).get("speedup_ratio_of_totals"),
+                       "measured_default": (outcome.measured.get("default") or {}).get("speedup_ratio_of_totals"),
+                       "report_dir": out / "tune" / name.replace(" ", "_") / "tuned"}
+    return tuned
 
 
 def _export(out: Path, results: dict[str, dict[str, Any]]) -> dict[str, Path]:
@@ -267,7 +328,7 @@ def _fmt_ppl(report: dict[str, Any]) -> str:
 
 
 def _write_summary(out: Path, results: dict[str, dict[str, Any]], exports: dict[str, Path], elapsed: float,
-                   target_report: dict[str, Any]) -> dict[str, Any]:
+                   target_report: dict[str, Any], tuning: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     seen = {d for r in results.values() for d in r["report"]["domains"]}
     # the corpus's order (most to least predictable by design), then anything else
     domains = [d for d in DOMAINS if d in seen] + sorted(seen - set(DOMAINS))
@@ -289,6 +350,17 @@ def _write_summary(out: Path, results: dict[str, dict[str, Any]], exports: dict[
             table.append(row)
             lines.append(f"| {name} | {domain} | {_num(row[2])} | {_num(row[3])}x | {_num(row[4])}x | "
                          f"{str(row[5]).split(' (')[0]} |")
+    if tuning:
+        lines += ["", "## Tuned for this machine (`specgraft tune`)", "",
+                  "The table above is each drafter at its default (GPU-sized) setting. `specgraft tune` measured this "
+                  "machine's costs (`cost_profile.json`), predicted every setting's speed from the default run's "
+                  "acceptance statistics, and the tuned setting was then measured like the default (plain and "
+                  "speculative decoding interleaved per prompt in one process).", "",
+                  "| drafter | default setting | default speedup (pred / measured) | tuned setting | tuned speedup "
+                  "(pred / measured) |", "|---|---|---:|---|---:|"]
+        for name, t in tuning.items():
+            lines.append(f"| {name} | {t['default']} | {_num(t['predicted_default'])}x / {_num(t['measured_default'])}x"
+                         f" | {t['setting']} | {_num(t['predicted'])}x / {_num(t['measured'])}x |")
     lines += ["", "## Where things are", ""]
     for name, result in results.items():
         lines.append(f"- {name}: report `{result['report_dir'] / 'report.md'}`"
@@ -302,7 +374,9 @@ def _write_summary(out: Path, results: dict[str, dict[str, Any]], exports: dict[
     atomic_write_text(out / "summary.md", text)
     data = {"elapsed_s": elapsed, "rows": [dict(zip(("drafter", "domain", "tau", "speedup_mean_of_ratios",
                                                      "speedup_ratio_of_totals", "lossless"), r)) for r in table],
-            "exports": {k: str(v) for k, v in exports.items()}}
+            "exports": {k: str(v) for k, v in exports.items()},
+            "tuning": {k: {kk: (str(vv) if isinstance(vv, Path) else vv) for kk, vv in v.items()}
+                       for k, v in (tuning or {}).items()}}
     atomic_write_json(out / "summary.json", data)
     printed = text + f"\nsummary: {out / 'summary.md'}" + (f"\nplot: {plot}" if plot else "")
     return {"text": printed, **data}

@@ -80,6 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="children per level for --draft/self trees, e.g. 2,2 (default 2,2 with --mode tree)")
     parser.add_argument("--eagle-top-k", type=int, help="EAGLE-2 tree: children per node and nodes expanded "
                                                         "per depth (default 10)")
+    parser.add_argument("--no-tuned", action="store_true",
+                        help="ignore the head's/draft's tuned.json (`specgraft tune`) and use the defaults")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                         help=f"tokens generated per turn at most (default {DEFAULT_MAX_NEW_TOKENS})")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -170,8 +172,36 @@ def build_drafter(args: argparse.Namespace, target: Any, dtype: Any, device: str
     if args.drafter == "self":
         return SelfDrafter(k=k, tree_topk=branching), {"type": "self", "path": None, "mode": mode, **info}
     draft, draft_tok = _load_draft_model(args.draft, target, dtype, device)
+    explicit = args.k is not None or args.mode is not None or args.branching is not None
+    tuned = _tuned_setting(args, Path(args.draft), explicit, target)
+    if tuned is not None:
+        setting, source, _ = tuned
+        k, mode, info = int(setting["k"]), "chain", {"k": int(setting["k"])}
+        branching = None
+    else:
+        source = "flags" if explicit else "defaults"
     drafter = DraftModelDrafter(draft, k=k, tree_topk=branching, tokenizer=draft_tok)
-    return drafter, {"type": "draft_model", "path": str(args.draft), "mode": mode, **info}
+    return drafter, {"type": "draft_model", "path": str(args.draft), "mode": mode, **info, "setting_source": source}
+
+
+def _tuned_setting(args: argparse.Namespace, folder: Path, explicit: bool,
+                   target: Any) -> tuple[dict[str, Any], str, str] | None:
+    """The folder's tuned setting and how the report names it, unless a setting flag or --no-tuned wins."""
+    from specgraft.eval.tune import read_tuned
+
+    if explicit or getattr(args, "no_tuned", False) or not folder.is_dir():
+        return None
+    tuned = read_tuned(folder)
+    if tuned is None:
+        return None
+    device = tuned.get("device") or {}
+    here = str(target.device)
+    if str(device.get("device", "")).split(":")[0] != here.split(":")[0]:
+        logger.warning("the tuned setting in %s was chosen on %s (%s), not on this device %s; pass setting flags or "
+                       "re-run `specgraft tune` here", folder, device.get("device"), device.get("device_name"), here)
+    source = (f"tuned ({folder / 'tuned.json'}, on {device.get('device')} {device.get('device_name')}, "
+              f"{device.get('threads')} thread(s), {device.get('dtype')})")
+    return tuned["setting"], source, str(tuned["kind"])
 
 
 def head_drafter_class(head_dir: str | Path) -> tuple[str, type]:
@@ -195,8 +225,24 @@ def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str,
                              "--eagle-top-k for EAGLE)")
     head_type, cls = head_drafter_class(args.head)
     head = load_head(target, args.head)
+    explicit = any(v is not None for v in (args.k, args.mode, args.tree_size, args.eagle_top_k))
+    tuned = _tuned_setting(args, Path(args.head), explicit, target)
+    if tuned is not None:
+        from specgraft.eval.tune import drafter_for, drafter_info, kind_of
+
+        setting, source, tuned_kind = tuned
+        kind = kind_of(head_type)
+        if kind != tuned_kind:
+            raise SpecgraftError(f"{args.head}/tuned.json is for a {tuned_kind} drafter, not this {head_type} head; "
+                                 "re-run `specgraft tune --overwrite` for it")
+        drafter = drafter_for(kind, head, setting)
+        info = drafter_info(kind, head_type, str(args.head), setting, source)
+        if kind == "eagle":
+            info["tree_size"] = drafter.total_tokens if drafter.mode == "tree" else drafter.depth + 1
+        return drafter, info
     mode = args.mode or "tree"
-    info: dict[str, Any] = {"type": head_type, "path": str(args.head), "mode": mode}
+    info: dict[str, Any] = {"type": head_type, "path": str(args.head), "mode": mode,
+                            "setting_source": "flags" if explicit else "defaults"}
     if head_type == "medusa":
         if args.eagle_top_k is not None:
             raise SpecgraftError("--eagle-top-k applies to eagle/eagle3 heads, not medusa")

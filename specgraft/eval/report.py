@@ -37,6 +37,7 @@ from typing import Any
 
 from specgraft.errors import SpecgraftError
 from specgraft.eval import metrics
+from specgraft.eval.acceptance import reach_rates
 from specgraft.eval.decoder import GenerationResult, SpeculativeDecoder
 from specgraft.eval.drafter import Drafter
 from specgraft.eval.prompts import Prompt, domains, has_chat_template, render_turn
@@ -224,6 +225,9 @@ def run_eval(
     for _ in range(settings.warmup):
         base.generate(warm_ids, settings.max_new_tokens, seed=settings.seed)
         spec.generate(warm_ids, settings.max_new_tokens, seed=settings.seed)
+    recorder = getattr(drafter, "acceptance", None)
+    if recorder is not None:
+        recorder.reset()  # count the measured turns only, not the warm-up
 
     from tqdm.auto import tqdm
 
@@ -257,6 +261,10 @@ def run_eval(
     report = build_report(records, settings, identity, drafter_info or describe_drafter(drafter),
                           domain_order=domains(prompts))
     report["prompt_format"] = "chat_template" if has_chat_template(tok) else "raw_text"
+    if recorder is not None:
+        # Per-(depth, rank) and, for static trees, per-node acceptance (eval.acceptance): what `specgraft tune`
+        # predicts other tree shapes from. Pooled over every timed turn (repeats redo identical work).
+        report["acceptance_statistics"] = recorder.to_dict()
     report["skipped_turns"] = skipped
     write_outputs(report, records, out_dir)
     return report
@@ -328,6 +336,8 @@ def summarize_records(records: Sequence[TurnRecord], greedy: bool) -> dict[str, 
     out: dict[str, Any] = {
         "tau": spec["tau"],
         "acceptance_by_depth": spec["acceptance_by_depth"],
+        # P(the accepted path reaches depth d) = depth_accepted[d] / steps; tau = 1 + sum (eval.acceptance).
+        "reach_by_depth": reach_rates(spec["depth_accepted"], steps) if steps else [],
         "alpha_exact": spec["alpha_exact"],
         "tokens_per_s": spec["tokens_per_s"],
         "baseline_tokens_per_s": base["tokens_per_s"],

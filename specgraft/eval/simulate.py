@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from typing import Any
 
 from specgraft.errors import SpecgraftError
 from specgraft.eval import metrics
+from specgraft.eval.acceptance import reach_rates
 
 MODES = ("chain", "tree")
 
@@ -53,7 +55,8 @@ class Prediction:
         speedup: predicted wall-clock speedup over plain decoding.
         mode: ``chain`` or ``tree``.
         depth: draft depth used.
-        acceptance_by_depth: the per-depth conditional acceptance rates the prediction used.
+        acceptance_by_depth: the per-depth rates the prediction used (reach rates when predicted from a report,
+            conditional rates otherwise).
         draft_cost: drafting cost per step, in target decoding steps (``F * c``).
         verify_cost: verification cost per step, in target decoding steps.
         source: where the acceptance came from.
@@ -89,6 +92,7 @@ def predict(
     *,
     alpha: float | None = None,
     profile: Sequence[float] | None = None,
+    reach: Sequence[float] | None = None,
     draft_length: int | None = None,
     tree_size: int | None = None,
     branching: Sequence[int] | None = None,
@@ -104,7 +108,8 @@ def predict(
 
     Args:
         alpha: per-draft acceptance probability (e.g. a measured alpha_exact).
-        profile: measured per-depth conditional acceptance rates.
+        profile: measured per-depth conditional acceptance rates (exact for chains only).
+        reach: measured per-depth reach rates (P(the accepted path reaches depth d)); exact for trees too.
         draft_length: chain length g (default: the profile's length; required with alpha for chains).
         tree_size: tokens verified per step including the root (tree mode; enters only the verify cost).
         branching: siblings per depth for a tree predicted from alpha.
@@ -115,7 +120,7 @@ def predict(
         draft_cost: drafting cost per step in decoding steps, instead of ``F * c`` (a measured value).
         mode: ``chain`` or ``tree`` (default: tree when tree_size or branching is given).
     """
-    if (alpha is None) == (profile is None):
+    if sum(x is not None for x in (alpha, profile, reach)) != 1:
         raise SpecgraftError("give exactly one of --alpha and --acceptance-profile (or --report)")
     mode = mode or ("tree" if tree_size is not None or branching else "chain")
     if mode not in MODES:
@@ -132,7 +137,21 @@ def predict(
         raise SpecgraftError("--branching describes a tree; drop it for a chain or drop --draft-length")
     assumptions: list[str] = []
 
-    if profile is not None:
+    if reach is not None:
+        rates = [_check_rate(r, "reach rates") for r in reach]
+        if not rates:
+            raise SpecgraftError("the reach profile is empty; the report verified no drafts")
+        if any(b > a + 1e-12 for a, b in zip(rates, rates[1:])):
+            raise SpecgraftError(f"reach rates must not increase with depth, got {rates}; pass depth_accepted/steps")
+        if draft_length is not None:
+            if draft_length > len(rates):
+                raise SpecgraftError(f"draft length {draft_length} needs {draft_length} reach rates but the report "
+                                     f"has {len(rates)}; measure deeper drafts or shorten --draft-length")
+            rates = rates[:draft_length]
+        source = source or "measured reach rates"
+        assumptions.append("reach rates as measured (P(accepted path reaches depth d)); a shorter draft truncates "
+                           "the accepted path")
+    elif profile is not None:
         rates = [_check_rate(r, "acceptance rates") for r in profile]
         if not rates:
             raise SpecgraftError("the acceptance profile is empty; give one rate per draft depth, e.g. 0.8,0.7,0.6")
@@ -163,8 +182,12 @@ def predict(
             assumptions.append("each draft accepted independently with probability alpha")
         source = source or f"alpha {a:g}"
     depth = len(rates)
-    tau = (metrics.expected_tokens_chain(float(alpha), depth) if profile is None and mode == "chain"
-           else metrics.expected_tokens_from_depth_acceptance(rates))
+    if reach is not None:
+        tau = 1.0 + sum(rates)
+    elif profile is None and mode == "chain":
+        tau = metrics.expected_tokens_chain(float(alpha), depth)
+    else:
+        tau = metrics.expected_tokens_from_depth_acceptance(rates)
 
     if draft_cost is None:
         if cost_ratio is None:
@@ -233,7 +256,13 @@ def read_report_profile(path: str | Path, domain: str | None = None) -> dict[str
         if r is None:
             break
         profile.append(float(r))
-    return {"profile": profile, "alpha": values.get("alpha_exact"), "mode": drafter.get("mode"),
+    drafter = report.get("drafter") or {}
+    reach = values.get("reach_by_depth")
+    if not reach and values.get("depth_accepted") is not None and values.get("steps"):
+        reach = reach_rates(values["depth_accepted"], int(values["steps"]))
+    return {"profile": profile, "reach": list(reach) if reach else None, "drafter": drafter,
+            "statistics": report.get("acceptance_statistics"), "target": report.get("target"),
+            "alpha": values.get("alpha_exact"), "mode": drafter.get("mode"),
             "depth": len(profile), "draft_cost": values.get("draft_cost_per_step"),
             "verify_cost": values.get("verify_cost_per_step"), "tau": values.get("tau"),
             "speedup": values.get("speedup_ratio_of_totals"), "tree_size": drafter.get("tree_size")}
@@ -277,11 +306,71 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify-cost-per-token", type=float,
                         help="CPU/compute-bound: verification costs 1 + s*(n-1) steps for n tokens")
     parser.add_argument("--domain", help="with --report: use this domain's numbers instead of overall")
+    parser.add_argument("--cost-profile", type=Path,
+                        help="with --report: predict tokens/s and speedup on the device of this `specgraft profile` "
+                             "JSON (e.g. a GPU's) instead of the report's measured costs")
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
+
+
+def predict_on_profile(report_path: Path, domain: str | None, profile_path: Path,
+                       draft_length: int | None) -> dict[str, Any]:
+    """Predict the report's setting (or a chain truncated to ``draft_length``) on a cost profile's device."""
+    from specgraft.eval.cost import CostProfile, check_profile
+    from specgraft.eval.tune import _finish, _profile_label, kind_of, predict_setting
+
+    measured = read_report_profile(report_path, domain)
+    profile = CostProfile.load(profile_path)
+    drafter = measured["drafter"]
+    head_type = str(drafter.get("type"))
+    if head_type not in ("medusa", "eagle", "eagle3", "draft_model"):
+        raise SpecgraftError(f"--cost-profile predicts head and draft-model drafters, not {head_type!r}")
+    kind = kind_of(head_type)
+    mode = drafter.get("mode") or "chain"
+    depth = int(draft_length or drafter.get("k") or len(measured["reach"] or []))
+    if kind == "medusa":
+        paths = (measured.get("statistics") or {}).get("static_tree_paths")
+        if not paths:
+            raise SpecgraftError(f"{report_path} lacks acceptance_statistics.static_tree_paths; re-run `specgraft "
+                                 "eval` with this version")
+        paths = [p for p in paths if len(p) <= depth]
+        setting = {"mode": mode, "paths": paths, "depth": depth, "tree_size": len(paths) + 1}
+    elif kind == "eagle":
+        setting = ({"mode": "chain", "depth": depth} if mode == "chain" else
+                   {"mode": "tree", "depth": depth, "top_k": drafter.get("top_k"),
+                    "total_tokens": drafter.get("tree_size")})
+    else:
+        setting = {"mode": "chain", "k": depth}
+    for message in check_profile(profile, measured.get("target"), None):
+        print(f"warning: {message}", file=sys.stderr)
+    calibration = {"reach": measured["reach"] or [], "statistics": measured.get("statistics"),
+                   "drafter": drafter}
+    costs = profile.drafter(_profile_label(profile, kind, Path(str(drafter.get("path")))))
+    # Costs from the profile; the acceptance of the report's own setting (or of it cut to `depth`) is exactly its
+    # reach rates, so the rank model is not needed here.
+    c = predict_setting(kind, setting, profile, costs, calibration)
+    if measured["reach"]:
+        c.expected_accepted = float(sum(measured["reach"][:depth]))
+        c = _finish(c, profile.plain_step_s)
+    return {"setting": c.setting, "tau": 1 + c.expected_accepted, "tokens_per_s": c.tokens_per_s,
+            "speedup": c.speedup, "draft_s": c.draft_s, "step_s": c.step_s, "device": profile.summary(),
+            "measured": {"tau": measured["tau"], "speedup": measured["speedup"]}}
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the predicted tau and speedup (and the measured ones when --report is given)."""
+    if args.cost_profile is not None:
+        if args.report is None:
+            raise SpecgraftError("--cost-profile predicts a measured setting on another device; pass --report too")
+        out = predict_on_profile(args.report, args.domain, args.cost_profile, args.draft_length)
+        if args.json:
+            print(json.dumps(out, indent=2))
+            return 0
+        d = out["device"]
+        print(f"device of the profile: {d['device']} ({d['device_name']}), {d['dtype']}, {d['threads']} thread(s)")
+        print(f"predicted tau {out['tau']:.3f}; drafting {out['draft_s'] * 1e3:.3f} ms + step "
+              f"{out['step_s'] * 1e3:.3f} ms per step -> {out['tokens_per_s']:.1f} tokens/s, "
+              f"{out['speedup']:.3f}x over plain decoding on that device")
+        return 0
     measured = None
     kwargs: dict[str, Any] = dict(draft_length=args.draft_length, tree_size=args.tree_size, branching=args.branching,
                                   cost_ratio=args.cost_ratio, draft_forwards=args.draft_forwards,
@@ -294,8 +383,14 @@ def run(args: argparse.Namespace) -> int:
         if not measured["profile"]:
             raise SpecgraftError(f"{args.report} has no acceptance profile (no drafts were verified); evaluate a "
                                  "drafter first")
-        kwargs["profile"] = measured["profile"]
         kwargs["mode"] = "tree" if (args.tree_size or measured["mode"] == "tree") else "chain"
+        if measured["reach"]:
+            kwargs["reach"] = measured["reach"]  # exact for trees; the conditional product overstates tau there
+        elif kwargs["mode"] == "tree":
+            raise SpecgraftError(f"{args.report} lacks depth_accepted/steps (reach rates), which a tree prediction "
+                                 "needs; re-run `specgraft eval` with this version")
+        else:
+            kwargs["profile"] = measured["profile"]
         kwargs["source"] = f"measured profile of {args.report}" + (f" ({args.domain})" if args.domain else "")
         if args.tree_size is None and kwargs["mode"] == "tree":
             kwargs["tree_size"] = measured.get("tree_size")

@@ -123,11 +123,38 @@ def _about(meta: Mapping[str, Any], head_type: str, base: str, fmt: str) -> list
     ]
 
 
+def _tuned_section(tuned: Mapping[str, Any] | None) -> list[str]:
+    """Where the serving numbers below come from: the tuned setting and the device it was tuned on."""
+    if not tuned:
+        return [f"The draft lengths below are examples ({EXAMPLE_DRAFT_TOKENS}); `specgraft tune` chooses them for "
+                "your device.", ""]
+    device = tuned.get("device") or {}
+    setting = {k: v for k, v in (tuned.get("setting") or {}).items() if k != "paths"}
+    lines = ["### Tuned setting", "",
+             f"Chosen by `specgraft tune` on {device.get('device')} ({device.get('device_name')}, "
+             f"{device.get('dtype')}, {device.get('threads')} thread(s), KV length {device.get('kv_length')}): "
+             f"`{json.dumps(setting)}`."]
+    predicted, measured = tuned.get("predicted") or {}, (tuned.get("measured") or {}).get("tuned") or {}
+    if predicted.get("speedup") is not None:
+        line = f"Predicted speedup {predicted['speedup']:.2f}x over plain decoding on that device"
+        if measured.get("speedup_ratio_of_totals") is not None:
+            line += f"; measured {measured['speedup_ratio_of_totals']:.2f}x (tau {measured.get('tau', 0):.2f})"
+        lines.append(line + ".")
+    lines += ["Another device has other costs: re-run `specgraft tune` there.", ""]
+    return lines
+
+
 def _serving(meta: Mapping[str, Any], head_type: str, base: str, fmt: str, where: str) -> list[str]:
-    # vLLM maps a Medusa draft's num_speculative_tokens onto its number of heads: it must be exactly that.
-    n = int((meta.get("config") or {}).get("num_heads", EXAMPLE_DRAFT_TOKENS)) if head_type == "medusa" \
-        else EXAMPLE_DRAFT_TOKENS
-    lines = ["## Serving", ""]
+    tuned = meta.get("tuned") or None
+    engines = (tuned or {}).get("engines") or {}
+    if head_type == "medusa":
+        # vLLM maps a Medusa draft's num_speculative_tokens onto its number of heads: it must be exactly that.
+        n = int((meta.get("config") or {}).get("num_heads", EXAMPLE_DRAFT_TOKENS))
+    else:
+        n = int(engines.get("vllm", {}).get("num_speculative_tokens", EXAMPLE_DRAFT_TOKENS))
+    sgl = engines.get("sglang") or {"speculative_num_steps": n, "speculative_eagle_topk": 1,
+                                    "speculative_num_draft_tokens": n + 1}
+    lines = ["## Serving", ""] + _tuned_section(tuned)
     method = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3"}.get(head_type, head_type)
     vllm_here = fmt == "vllm"
     vllm_where = where if vllm_here else "PATH/TO/VLLM/EXPORT"
@@ -150,27 +177,34 @@ def _serving(meta: Mapping[str, Any], head_type: str, base: str, fmt: str, where
         algo = "EAGLE3" if head_type == "eagle3" else "EAGLE"
         lines += ["```bash", f"python -m sglang.launch_server --model-path {base} \\",
                   f"  --speculative-algorithm {algo} --speculative-draft-model-path {sgl_where} \\",
-                  f"  --speculative-num-steps {n} --speculative-eagle-topk 1 --speculative-num-draft-tokens {n + 1}",
+                  f"  --speculative-num-steps {sgl['speculative_num_steps']} --speculative-eagle-topk "
+                  f"{sgl['speculative_eagle_topk']} --speculative-num-draft-tokens "
+                  f"{sgl['speculative_num_draft_tokens']}",
                   "```", "", "SGLang counts the root token in `--speculative-num-draft-tokens`; vLLM's "
                   "`num_speculative_tokens` does not.", ""]
     if fmt == "trtllm":
-        lines += _trtllm(meta, head_type, base, where)
+        lines += _trtllm(meta, head_type, base, where, engines.get("trtllm") or {})
     return lines
 
 
-def _trtllm(meta: Mapping[str, Any], head_type: str, base: str, where: str) -> list[str]:
+def _trtllm(meta: Mapping[str, Any], head_type: str, base: str, where: str,
+            tuned: Mapping[str, Any]) -> list[str]:
     cfg = meta.get("config") or {}
+    max_draft_len = int(tuned.get("max_draft_len", EXAMPLE_DRAFT_TOKENS))
     lines = ["### TensorRT-LLM", ""]
     if head_type == "medusa":
         lines += ["The files follow the FasterDecoding layout (`medusa_lm_head.safetensors`, which TensorRT-LLM's "
                   "Medusa converter reads like the reference `.pt`):", "", "```bash",
                   f"python examples/medusa/convert_checkpoint.py --model_dir {base} --medusa_model_dir {where} \\",
                   f"  --num_medusa_heads {cfg.get('num_heads')} --output_dir ./tllm_ckpt", "```", ""]
+        if tuned.get("medusa_choices"):
+            lines += ["The tuned tree (`medusa_choices` for the engine build, also in `config.json`):", "",
+                      "```", json.dumps(tuned["medusa_choices"]), "```", ""]
     else:
         ids = [int(i) - 1 for i in cfg.get("feature_layers") or []]
         lines += ["PyTorch backend (`trtllm-serve ... --extra_llm_api_options spec.yaml`), `spec.yaml`:", "",
                   "```yaml", "speculative_config:", "  decoding_type: Eagle3",
-                  f"  max_draft_len: {EXAMPLE_DRAFT_TOKENS}",
+                  f"  max_draft_len: {max_draft_len}",
                   f"  speculative_model_dir: {where}", f"  eagle3_layers_to_capture: {ids}", "```", "",
                   "TensorRT-LLM numbers the captured layers by the decoder layer whose output it takes "
                   "(output_hidden_states index minus one).", ""]

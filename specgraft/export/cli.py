@@ -41,8 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Cast the weights (default: keep the head's dtype).")
     parser.add_argument("--keep-name", action="store_true",
                         help="Do not append vLLM's method marker (-eagle-1/-eagle3) to --out.")
-    parser.add_argument("--speculative-tokens", type=int, default=DEFAULT_SPECULATIVE_TOKENS, metavar="N",
-                        help="Draft length written into EAGLE-3's speculators_config (vllm format).")
+    parser.add_argument("--speculative-tokens", type=int, metavar="N",
+                        help="Draft length written into EAGLE-3's speculators_config (vllm format; default: the "
+                             f"tuned depth from the head's tuned.json, else {DEFAULT_SPECULATIVE_TOKENS}).")
     parser.add_argument("--license", default="other", help="License field of the model card (a Hub license id).")
 
 

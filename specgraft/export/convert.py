@@ -42,6 +42,30 @@ ENGINE_NUM_FEATURES = 3
 DEFAULT_SPECULATIVE_TOKENS = 3
 
 
+def tuned_engine_settings(tuned: Mapping[str, Any]) -> dict[str, Any]:
+    """Engine settings for a ``tuned.json`` record (``specgraft tune``): vLLM's ``num_speculative_tokens``, SGLang's
+    ``--speculative-num-steps/--speculative-eagle-topk/--speculative-num-draft-tokens`` (root counted) and
+    TensorRT-LLM's ``max_draft_len`` (plus ``medusa_choices`` for a Medusa tree)."""
+    setting = tuned.get("setting") or {}
+    kind = tuned.get("kind")
+    if kind == "medusa":
+        depth = int(setting["depth"])
+        choices = [list(p) for p in setting.get("paths") or []]
+        return {"vllm": {"num_speculative_tokens": depth},
+                "trtllm": {"max_draft_len": depth, "medusa_choices": choices}}
+    if kind == "eagle":
+        depth = int(setting["depth"])
+        tree = setting.get("mode") == "tree"
+        top_k = int(setting["top_k"]) if tree else 1
+        tokens = int(setting["total_tokens"]) if tree else depth + 1
+        return {"vllm": {"num_speculative_tokens": depth},
+                "sglang": {"speculative_num_steps": depth, "speculative_eagle_topk": top_k,
+                           "speculative_num_draft_tokens": tokens},
+                "trtllm": {"max_draft_len": depth}}
+    k = int(setting.get("k") or setting.get("depth") or DEFAULT_SPECULATIVE_TOKENS)
+    return {"vllm": {"num_speculative_tokens": k}, "trtllm": {"max_draft_len": k}}
+
+
 @dataclass
 class EngineCheckpoint:
     """An engine layout of a head: its tensors, its config.json and facts worth telling the user."""
@@ -298,6 +322,12 @@ def _medusa_to_engine(fmt: str, state: Mapping[str, torch.Tensor], cfg: Mapping[
         config = {"medusa_num_heads": heads, "medusa_num_layers": layers, "base_model_name_or_path": base_model,
                   "hidden_size": dims.hidden, "vocab_size": dims.vocab}
     return EngineCheckpoint(tensors, config, dims, notes)
+
+
+def apply_tuned(config: dict[str, Any], head_type: str, fmt: str, engines: Mapping[str, Any]) -> None:
+    """Write a tuned setting into an engine config: TensorRT-LLM Medusa ``medusa_choices`` (the tree)."""
+    if head_type == "medusa" and fmt == "trtllm" and engines.get("trtllm", {}).get("medusa_choices"):
+        config["medusa_choices"] = engines["trtllm"]["medusa_choices"]
 
 
 def _eagle_to_engine(fmt: str, state: Mapping[str, torch.Tensor], cfg: Mapping[str, Any], info: TargetInfo,

@@ -28,7 +28,14 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from specgraft.errors import SpecgraftError
-from specgraft.export.convert import DEFAULT_SPECULATIVE_TOKENS, from_engine, to_engine
+from specgraft.eval.tune import TUNED_NAME, read_tuned
+from specgraft.export.convert import (
+    DEFAULT_SPECULATIVE_TOKENS,
+    apply_tuned,
+    from_engine,
+    to_engine,
+    tuned_engine_settings,
+)
 from specgraft.export.layouts import WEIGHTS_FILE, require_supported
 from specgraft.export.target_info import TargetInfo, resolve_target
 from specgraft.heads.base import (
@@ -295,7 +302,7 @@ def export_head(
     base_model: str | None = None,
     dtype: str | None = None,
     keep_name: bool = False,
-    speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
+    speculative_tokens: int | None = None,
     license: str = "other",
 ) -> ExportResult:
     """Export the head saved in ``head_dir`` as ``fmt`` (vllm | sglang | trtllm | native) into ``out``.
@@ -311,7 +318,8 @@ def export_head(
             :func:`recorded_base_model` for a target recorded as a ``.gguf`` file).
         dtype: cast floating-point weights (float32 | bfloat16 | float16); default: keep the head's dtype.
         keep_name: do not append vLLM's method marker to ``out``.
-        speculative_tokens: draft length written into EAGLE-3's speculators_config.
+        speculative_tokens: draft length written into EAGLE-3's speculators_config (default: the tuned depth
+            from the head's ``tuned.json``, else 3).
         license: the card's license field.
     """
     head_dir = Path(head_dir)
@@ -320,6 +328,10 @@ def export_head(
     require_supported(head_type, fmt)
     if dtype is not None and dtype not in DTYPE_NAMES:
         raise SpecgraftError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_NAMES)}")
+    tuned = read_tuned(head_dir)
+    engines = tuned_engine_settings(tuned) if tuned is not None else {}
+    if speculative_tokens is None:
+        speculative_tokens = (engines["vllm"]["num_speculative_tokens"] if engines else DEFAULT_SPECULATIVE_TOKENS)
     if speculative_tokens < 1:
         raise SpecgraftError(f"speculative tokens must be at least 1, got {speculative_tokens}")
     base = base_model or recorded_base_model(meta["target"]["name_or_path"])
@@ -354,6 +366,7 @@ def export_head(
             ckpt = to_engine(head_type, fmt, state, meta, info, base_model=base,
                              dtype=DTYPE_NAMES[dtype] if dtype else None, speculative_tokens=speculative_tokens)
             notes += ckpt.notes
+            apply_tuned(ckpt.config, head_type, fmt, engines)
             weights_name = WEIGHTS_FILE[(head_type, fmt)]
             save_file({k: v.contiguous() for k, v in ckpt.tensors.items()}, str(tmp / weights_name),
                       metadata={"format": "pt"})
@@ -374,6 +387,9 @@ def export_head(
             "recipe": recipe,
             "report": report_dict,
             "notes": notes,
+            "tuned": ({"setting": {k: v for k, v in tuned["setting"].items()}, "device": tuned.get("device"),
+                       "predicted": tuned.get("predicted"), "measured": tuned.get("measured"), "engines": engines,
+                       "speculative_tokens": speculative_tokens} if tuned is not None else None),
         }
         (tmp / EXPORT_META_NAME).write_text(json.dumps(export_meta, indent=2, default=str) + "\n", encoding="utf-8")
         files.append(EXPORT_META_NAME)
@@ -413,7 +429,8 @@ def card_from_export_meta(export_meta: dict[str, Any], repo_id: str | None, loca
     from specgraft.export.card import render_model_card
 
     head_meta = dict(export_meta["head"], base_model=export_meta.get("base_model"),
-                     license=export_meta.get("license", "other"), export_notes=export_meta.get("notes", []))
+                     license=export_meta.get("license", "other"), export_notes=export_meta.get("notes", []),
+                     tuned=export_meta.get("tuned"))
     if local_path is not None:
         head_meta["local_path"] = str(local_path)
     return render_model_card(head_meta, export_meta.get("recipe"), export_meta.get("report"), export_meta["format"],
@@ -422,7 +439,7 @@ def card_from_export_meta(export_meta: dict[str, Any], repo_id: str | None, loca
 
 def _write_native(head_dir: Path, tmp: Path) -> list[str]:
     files = []
-    for name in (HEAD_WEIGHTS_NAME, HEAD_CONFIG_NAME, RECIPE_NAME):
+    for name in (HEAD_WEIGHTS_NAME, HEAD_CONFIG_NAME, RECIPE_NAME, TUNED_NAME):
         if (head_dir / name).is_file():
             shutil.copy2(head_dir / name, tmp / name)
             files.append(name)

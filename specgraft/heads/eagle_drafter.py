@@ -32,6 +32,7 @@ import torch
 
 from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.eval import kv
+from specgraft.eval.acceptance import AcceptanceRecorder
 from specgraft.eval.drafter import DraftContext, Drafter
 from specgraft.eval.tree import DraftTree
 from specgraft.eval.verify import process_logits
@@ -69,6 +70,9 @@ class EagleDrafter(Drafter):
         self.total_tokens = int(total_tokens)
         self.needs_hidden_states = tuple(head.required_layers())
         self._vocab_size = head.target_identity.vocab_size
+        #: Acceptance by (depth, rank among siblings), counted from each verdict (see eval.acceptance).
+        self.acceptance = AcceptanceRecorder()
+        self._last_parents: list[int] = []
         self.reset()
 
     # -- protocol --------------------------------------------------------------------------------------------
@@ -96,6 +100,7 @@ class EagleDrafter(Drafter):
     def accept(self, accepted_node_indices: Sequence[int], bonus_token: int) -> None:
         # Drop every tree entry: the accepted positions come back next step with the target's true features.
         kv.crop_cache(self._cache, self._seen)
+        self.acceptance.record(self._last_parents, accepted_node_indices)
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> DraftTree:
@@ -110,6 +115,7 @@ class EagleDrafter(Drafter):
     # -- internals -------------------------------------------------------------------------------------------
     def _propose(self, ctx: DraftContext) -> DraftTree:
         device = ctx.token_ids.device
+        self._last_parents = []
         length = ctx.length
         start = int(ctx.hidden_start)
         if start > self._seen:
@@ -138,8 +144,12 @@ class EagleDrafter(Drafter):
         if token_map is not None:
             token_map = token_map.to(head_device)
         if self.mode == "chain":
-            return self._chain(ctx, root_feature, root_logits, token_map, depth, device)
-        return self._tree(ctx, root_feature, root_logits, token_map, depth, device)
+            tree = self._chain(ctx, root_feature, root_logits, token_map, depth, device)
+        else:
+            tree = self._tree(ctx, root_feature, root_logits, token_map, depth, device)
+        # Siblings are listed best first (by cumulative score), so a node's rank is its place among them.
+        self._last_parents = tree.parents.tolist()
+        return tree
 
     def _q_full(self, logits: torch.Tensor, ctx: DraftContext, token_map: torch.Tensor | None) -> torch.Tensor:
         """[m, V_out] draft logits -> [m, V] processed probabilities over the target vocabulary."""

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from specgraft.errors import SpecgraftError, TargetMismatchError
+from specgraft.eval.acceptance import AcceptanceRecorder
 from specgraft.eval.drafter import DraftContext, Drafter
 from specgraft.eval.tree import DraftTree, TreeStructure, tree_structure
 from specgraft.heads.medusa import MedusaHead, label_mask
@@ -277,11 +278,13 @@ class MedusaDrafter(Drafter):
         num_nodes: draft nodes of the tree (root not counted).
         accuracy: [K, topk] accuracies to build the tree from (default: the head's stored ones, else the prior).
         max_depth: deepest level drafted (default: K).
+        paths: an explicit tree (rank paths, e.g. from ``tuned.json``) instead of building one; overrides
+            ``mode``, ``num_nodes``, ``accuracy`` and ``max_depth``.
     """
 
     def __init__(self, head: MedusaHead, mode: str = "tree", num_nodes: int = DEFAULT_NUM_NODES,
-                 accuracy: torch.Tensor | Sequence[Sequence[float]] | None = None,
-                 max_depth: int | None = None) -> None:
+                 accuracy: torch.Tensor | Sequence[Sequence[float]] | None = None, max_depth: int | None = None,
+                 paths: Sequence[Sequence[int]] | None = None) -> None:
         if not isinstance(head, MedusaHead):
             raise SpecgraftError(f"MedusaDrafter needs a MedusaHead, got {type(head).__name__}; load the head "
                                  "with load_head and pass a medusa one")
@@ -290,7 +293,12 @@ class MedusaDrafter(Drafter):
         self.head = head
         self.mode = mode
         self.needs_hidden_states = tuple(head.required_layers())
-        if mode == "chain":
+        if paths is not None:
+            self.tree = MedusaTree.from_paths(paths)  # an explicit tree, e.g. a tuned one (tuned.json)
+            if self.tree.depth > head.num_heads:
+                raise SpecgraftError(f"the medusa tree is {self.tree.depth} levels deep but the head has "
+                                     f"{head.num_heads} heads; re-tune for this head")
+        elif mode == "chain":
             depth = head.num_heads if max_depth is None else min(int(max_depth), head.num_heads)
             self.tree = chain_tree(max(depth, 1))
         else:
@@ -303,6 +311,11 @@ class MedusaDrafter(Drafter):
             raise SpecgraftError(f"the medusa tree uses rank {self.tree.max_rank} but the vocabulary has only "
                                  f"{head.config.vocab_size} tokens; measure fewer top-k choices")
         self._depth_list = self.tree.depths()
+        #: Acceptance by (depth, rank) and per static node, counted from each verdict (see eval.acceptance).
+        self.acceptance = AcceptanceRecorder(static_paths=[list(p) for p in self.tree.paths])
+        self.acceptance.reset()
+        self._ranks = self.tree.ranks()
+        self._last_parents: list[int] = []
         # Per (depth limit, device): the tree's structure, its [n] parents, head (depth - 1) and rank indices,
         # and the top-r each head needs (its largest rank + 1) -- all fixed for a static tree.
         self._indices: dict[tuple[int, torch.device], tuple[TreeStructure, torch.Tensor, torch.Tensor,
@@ -350,6 +363,7 @@ class MedusaDrafter(Drafter):
         device = ctx.token_ids.device
         hidden = ctx.hidden_states.get(self.needs_hidden_states[0])
         depth_limit = min(self.tree.depth, ctx.max_depth)
+        self._last_parents = []
         if hidden is None or hidden.shape[0] == 0 or depth_limit <= 0:
             # A one-token prompt: the target has not processed any position yet, so there is nothing to read.
             return DraftTree.empty(device)
@@ -359,4 +373,8 @@ class MedusaDrafter(Drafter):
         logits = torch.stack([self.head.head_logits(last, k) for k in range(structure.max_depth)]).float()  # [D, V]
         top = logits.topk(top_r, dim=-1).indices  # [D, r]
         tokens = top[head_index, rank]  # [n]
+        self._last_parents = self.tree.parents()[:len(tokens)]
         return DraftTree(tokens=tokens.to(device), parents=parents.to(device), sampled=False, structure=structure)
+
+    def accept(self, accepted_node_indices: Sequence[int], bonus_token: int) -> None:
+        self.acceptance.record(self._last_parents, accepted_node_indices, ranks=self._ranks)

@@ -99,7 +99,7 @@ def test_eval_draft_model_tree_and_limit(disk, tmp_path, capsys):
     assert code == 0
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     assert report["drafter"] == {"type": "draft_model", "path": str(disk / "draft"), "mode": "tree", "k": 3,
-                                 "branching": [2, 2]}
+                                 "branching": [2, 2], "setting_source": "flags"}
     assert report["overall"]["num_prompts"] == 2 and report["overall"]["lossless_passed"] is True
     assert 1.0 <= report["overall"]["tau"] <= 4.0
 

@@ -1,0 +1,602 @@
+"""The device cost model: what a speculative step costs on THIS device, dtype and thread count.
+
+``specgraft profile --target PATH [--head DIR ...] [--draft DIR ...] --out profile.json`` measures
+
+* ``step_s``: the wall time of one decoding step of the real :class:`~specgraft.eval.decoder.SpeculativeDecoder`
+  verifying ``n`` tokens at once (the root plus ``n - 1`` draft nodes), for a chain (causal forward) and for a tree
+  (4D tree mask), at a KV length of ``--kv-length`` tokens. The draft comes from a zero-cost drafter that returns a
+  fixed set of random tokens, so the time is verification plus the decoder's own bookkeeping: exactly what a step
+  costs besides drafting. ``n = 1`` is a plain decoding step. Each value is the slope of generation time over the
+  number of steps (two generation lengths, so prefill cancels), median over ``--repeats``.
+* ``forward_s``: the bare target forward of ``n`` new tokens on a ``kv_length`` cache (no decoder), for reference.
+* Load drift: every time is taken as a ratio to a bare one-token target forward timed right next to it (each
+  ``n``-token step also to a plain step timed right before it) and scaled back with that forward's median over
+  the run, so on a shared machine the costs stay comparable with one another even when the absolute speed drifts.
+* ``drafters``: per drafter, the time of one ``propose`` call (median over calls) per setting: Medusa per number
+  of heads used (one call reads every head once), EAGLE/EAGLE-3 per chain depth and per (top-k, depth) tree,
+  a draft model per chain length ``k``.
+
+The JSON records the device name, dtype, threads, torch version and the target's identity; :func:`check_profile`
+warns (naming both) when a profile from another device or target is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specgraft.errors import SpecgraftError
+from specgraft.eval.drafter import DraftContext, Drafter
+from specgraft.eval.tree import DraftTree
+from specgraft.utils.io import atomic_write_json, read_json_meta
+
+logger = logging.getLogger(__name__)
+
+PROFILE_VERSION = 1
+#: Tokens verified at once that are measured by default (root included).
+DEFAULT_TOKEN_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+DEFAULT_KV_LENGTH = 256
+DEFAULT_REPEATS = 5
+#: Generation lengths (decoding steps) whose time difference gives one step's time.
+SHORT_STEPS, LONG_STEPS = 4, 16
+#: Timed propose() calls per drafter setting (after one warm-up call); the median counts.
+DRAFT_CALLS = 15
+#: Settings measured for drafters.
+MEDUSA_MAX_HEADS = 8
+MEDUSA_NODES = (1, 3, 7, 15, 31, 63)
+EAGLE_DEPTHS = (1, 2, 3, 4, 5, 6)
+EAGLE_TOP_KS = (2, 3, 4, 6, 8, 10)
+DRAFT_MODEL_KS = (1, 2, 3, 4, 5, 6, 8)
+CATCHUP_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+#: Keys every profile JSON must hold.
+REQUIRED_KEYS = ("version", "device", "dtype", "threads", "torch_version", "target", "kv_length", "step_s")
+
+
+@dataclass
+class CostProfile:
+    """A measured device cost profile (all times in seconds).
+
+    Attributes:
+        device: ``cpu``, ``cuda:0``, ...; ``device_name`` the CPU or GPU model.
+        dtype, threads, torch_version: what the numbers were measured with.
+        target: the target's identity dict (``name_or_path``, ``architecture``, sizes).
+        kv_length: tokens in the KV cache during the measurement.
+        step_s: ``{"chain": {n: s}, "tree": {n: s}}``, a decoder step verifying ``n`` tokens (root included).
+        forward_s: ``{n: s}``, the bare target forward of ``n`` tokens.
+        drafters: ``{label: {"kind": ..., "path": ..., <setting tables>}}`` (see the module docstring).
+    """
+
+    device: str
+    device_name: str
+    dtype: str
+    threads: int
+    torch_version: str
+    target: dict[str, Any]
+    kv_length: int
+    step_s: dict[str, dict[int, float]]
+    forward_s: dict[int, float] = field(default_factory=dict)
+    drafters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    version: int = PROFILE_VERSION
+
+    # -- serialisation -------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["step_s"] = {mode: {str(n): s for n, s in table.items()} for mode, table in self.step_s.items()}
+        out["forward_s"] = {str(n): s for n, s in self.forward_s.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "the cost profile") -> CostProfile:
+        fix = "re-run `specgraft profile` to measure a complete profile"
+        missing = [k for k in REQUIRED_KEYS if k not in data]
+        if missing:
+            raise SpecgraftError(f"{where} lacks {', '.join(missing)}; {fix}")
+        try:
+            step = {str(mode): {int(n): float(s) for n, s in table.items()} for mode, table in data["step_s"].items()}
+            if not step.get("chain") or 1 not in step["chain"]:
+                raise ValueError("step_s.chain has no 1-token step")
+            return cls(device=str(data["device"]), device_name=str(data.get("device_name", data["device"])),
+                       dtype=str(data["dtype"]), threads=int(data["threads"]),
+                       torch_version=str(data["torch_version"]), target=dict(data["target"]),
+                       kv_length=int(data["kv_length"]), step_s=step,
+                       forward_s={int(n): float(s) for n, s in (data.get("forward_s") or {}).items()},
+                       drafters=dict(data.get("drafters") or {}), version=int(data["version"]))
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise SpecgraftError(f"{where} has malformed fields ({exc}); {fix}") from None
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        atomic_write_json(path, self.to_dict())
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostProfile:
+        file = Path(path)
+        if not file.is_file():
+            raise SpecgraftError(f"no cost profile at {file}; measure one with `specgraft profile --target ... "
+                                 f"--out {file}`")
+        return cls.from_dict(read_json_meta(file, (), "re-run `specgraft profile`"), where=str(file))
+
+    # -- queries -------------------------------------------------------------------------------------------
+    @property
+    def plain_step_s(self) -> float:
+        """One plain decoding step (1 token verified, no draft)."""
+        return self.step_s["chain"][1]
+
+    def step_cost(self, tokens: int, tree: bool) -> float:
+        """Seconds of a decoder step verifying ``tokens`` tokens (root included), linear between measurements."""
+        table = self.step_s.get("tree" if tree and tokens > 2 else "chain") or self.step_s["chain"]
+        return _interpolate(table, tokens, "tokens verified")
+
+    def drafter(self, label: str) -> dict[str, Any]:
+        if label not in self.drafters:
+            known = ", ".join(self.drafters) or "none"
+            raise SpecgraftError(f"the cost profile has no drafter {label!r} (it has: {known}); re-run "
+                                 "`specgraft profile` with that --head/--draft")
+        return self.drafters[label]
+
+    def summary(self) -> dict[str, Any]:
+        """What tuned.json and model cards record about the device."""
+        return {"device": self.device, "device_name": self.device_name, "dtype": self.dtype,
+                "threads": self.threads, "torch_version": self.torch_version, "kv_length": self.kv_length,
+                "target": self.target.get("name_or_path"), "plain_step_ms": round(self.plain_step_s * 1e3, 4)}
+
+
+def _interpolate(table: dict[int, float], x: int, what: str) -> float:
+    keys = sorted(table)
+    if x in table:
+        return table[x]
+    if x < keys[0] or x > keys[-1]:
+        raise SpecgraftError(f"the cost profile measured {what} {keys[0]}..{keys[-1]}, not {x}; re-run "
+                             "`specgraft profile` with --token-counts covering it")
+    hi = next(k for k in keys if k > x)
+    lo = max(k for k in keys if k < x)
+    w = (x - lo) / (hi - lo)
+    return table[lo] * (1 - w) + table[hi] * w
+
+
+def device_description(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def check_profile(profile: CostProfile, target_identity: dict[str, Any] | None, device: str | None,
+                  threads: int | None = None) -> list[str]:
+    """Warnings (each naming both sides) when ``profile`` was measured for another target or device."""
+    warnings: list[str] = []
+    if target_identity is not None:
+        mine = profile.target
+        fields = ("architecture", "hidden_size", "vocab_size", "num_hidden_layers")
+        diffs = [f"{k} {mine.get(k)} vs {target_identity.get(k)}" for k in fields
+                 if mine.get(k) is not None and mine.get(k) != target_identity.get(k)]
+        if diffs:
+            warnings.append(f"the cost profile was measured for target {mine.get('name_or_path')} but this target is "
+                            f"{target_identity.get('name_or_path')} ({'; '.join(diffs)}); predictions use the other "
+                            "target's costs")
+    if device is not None:
+        here = f"{device} ({device_description(device)}" + (f", {threads} threads)" if threads else ")")
+        there = f"{profile.device} ({profile.device_name}, {profile.threads} threads)"
+        same_kind = profile.device.split(":")[0] == str(device).split(":")[0]
+        if not same_kind or profile.device_name != device_description(device) or \
+                (threads is not None and threads != profile.threads):
+            warnings.append(f"the cost profile was measured on {there} but this run is on {here}; the predicted "
+                            "speed is for the profile's device")
+    return warnings
+
+
+# -- measuring ---------------------------------------------------------------------------------------------------
+def _median_time(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(calls):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _sync_fn(device: Any) -> Callable[[], None]:
+    import torch
+
+    if getattr(device, "type", str(device)).startswith("cuda"):
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def _context_of(model: Any) -> int | None:
+    from specgraft.eval.kv import text_config
+
+    return getattr(text_config(model), "max_position_embeddings", None)
+
+
+def check_fits(model: Any, kv_length: int, max_tokens: int, extra: int = LONG_STEPS) -> None:
+    """Refuse a measurement (or tree) that would not fit the target's context."""
+    context = _context_of(model)
+    needed = kv_length + max_tokens + extra
+    if context is not None and needed > context:
+        raise SpecgraftError(f"verifying {max_tokens} tokens after a KV length of {kv_length} (plus {extra} decoding "
+                             f"steps) needs {needed} positions but the target's context is {context}; lower "
+                             "--kv-length or the largest --token-counts/tree size")
+
+
+def _random_prompt(vocab: int, length: int, seed: int = 0) -> list[int]:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    # Skip the lowest ids (special tokens in most vocabularies) so the prompt is ordinary text-like ids.
+    low = min(4, vocab - 1)
+    return torch.randint(low, vocab, (length,), generator=gen).tolist()
+
+
+class _FixedDrafter(Drafter):
+    """A zero-cost drafter: the same ``size`` random tokens every step (a chain or a depth-1 fan).
+
+    Like the real drafters it reports a q row per node and asks for the target's last hidden state, so the step
+    pays the decoder's per-node work on q and the hidden-state outputs, as a head-drafted step does."""
+
+    def __init__(self, size: int, tree: bool, vocab: int, device: Any, num_layers: int) -> None:
+        import torch
+
+        self.needs_hidden_states = (num_layers,)
+        tokens = torch.tensor(_random_prompt(vocab, size, seed=1), dtype=torch.long, device=device)
+        q = torch.full((size, vocab), 1.0 / vocab, device=device)  # [n, V]
+        if tree:
+            self._tree = DraftTree(tokens=tokens, parents=torch.full((size,), -1, dtype=torch.long, device=device),
+                                   q=q, sampled=False)
+        else:
+            self._tree = DraftTree.chain(tokens, q=q, sampled=False)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        return self._tree
+
+
+def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repeats: int,
+                  ref: _Reference) -> dict[str, dict[int, float]]:
+    """``{"chain": {n: r}, "tree": {n: r}}``: decoder step time verifying n tokens, in units of ``ref``.
+
+    Each measurement of ``n`` tokens is paired with a plain step measured right before it (and the plain step with
+    the reference forward), and medians of the ratios are kept: on a shared machine the load drifts, and pairing
+    cancels it the way the eval's interleaved baseline does."""
+    from specgraft.eval.decoder import SpeculativeDecoder
+    from specgraft.eval.kv import model_device, text_config
+
+    vocab = int(text_config(model).vocab_size)
+    device = model_device(model)
+    prompt = _random_prompt(vocab, kv_length)
+
+    def slope(decoder: SpeculativeDecoder) -> float | None:
+        short = decoder.generate(prompt, SHORT_STEPS)
+        long = decoder.generate(prompt, LONG_STEPS)
+        steps = long.num_steps - short.num_steps
+        return (long.wall_time_s - short.wall_time_s) / steps if steps > 0 else None
+
+    plain = SpeculativeDecoder(model, None, drafter=None, ignore_eos=True)
+    layers = int(text_config(model).num_hidden_layers)
+    decoders = {(mode, int(n)): SpeculativeDecoder(
+        model, None, drafter=_FixedDrafter(n - 1, mode == "tree", vocab, device, layers), ignore_eos=True)
+                for mode in ("chain", "tree") for n in token_counts if n > (2 if mode == "tree" else 1)}
+    for decoder in [plain, *decoders.values()]:
+        decoder.generate(prompt, SHORT_STEPS)  # warm-up
+    plain_times: list[float] = []
+    ratios: dict[tuple[str, int], list[float]] = {key: [] for key in decoders}
+    for _ in range(repeats):
+        for key, decoder in decoders.items():
+            unit = ref.time()
+            base, step = slope(plain), slope(decoder)
+            if base is not None and base > 0:
+                plain_times.append(base / unit)
+                if step is not None:
+                    ratios[key].append(step / base)
+    if not plain_times:
+        raise SpecgraftError("could not time a plain decoding step (the decoder stopped early); raise --kv-length "
+                             "headroom or check the target")
+    plain_s = statistics.median(plain_times)
+    out: dict[str, dict[int, float]] = {"chain": {1: plain_s}, "tree": {}}
+    for (mode, n), values in ratios.items():
+        if values:
+            out[mode][n] = max(statistics.median(values), 0.0) * plain_s
+    return {mode: monotone(table) for mode, table in out.items()}
+
+
+def monotone(table: dict[int, float]) -> dict[int, float]:
+    """The closest non-decreasing curve (pool-adjacent-violators): verifying more tokens never costs less, so a
+    dip is timing noise, and pooling it with its neighbours averages that noise out."""
+    keys = sorted(table)
+    blocks: list[list[float]] = []  # [sum, count] per pooled block
+    for k in keys:
+        blocks.append([table[k], 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    values = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
+    return dict(zip(keys, values))
+
+
+class _Reference:
+    """A bare one-token target forward timed next to each drafter measurement: drafter costs are kept as ratios
+    to it (times its overall median), so load drift between settings cancels."""
+
+    def __init__(self, model: Any, kv_length: int, calls: int) -> None:
+        import torch
+
+        from specgraft.eval import kv
+
+        self.model, self.kv_length, self.calls = model, kv_length, calls
+        self.cache = kv.new_cache()
+        vocab = int(kv.text_config(model).vocab_size)
+        self.ids = torch.tensor([_random_prompt(vocab, kv_length + 1)], device=kv.model_device(model))
+        self.sync = _sync_fn(kv.model_device(model))
+        with torch.no_grad():
+            model(input_ids=self.ids[:, :kv_length], cache=self.cache, use_cache=True, logits_to_keep=1)
+        self.samples: list[float] = []
+
+    def time(self) -> float:
+        import torch
+
+        from specgraft.eval import kv
+
+        def step() -> None:
+            with torch.no_grad():
+                self.model(input_ids=self.ids[:, self.kv_length:], cache=self.cache, use_cache=True)
+            kv.crop_cache(self.cache, self.kv_length)
+
+        value = _median_time(step, self.calls, self.sync)
+        self.samples.append(value)
+        return value
+
+    def relative(self, measure: Callable[[], float]) -> float:
+        """``measure()`` as a ratio to the reference timed just before it."""
+        ref = self.time()
+        return measure() / ref
+
+    def scale(self, table: dict[Any, Any]) -> dict[Any, Any]:
+        """Ratios (nested tables too) -> seconds, at the median reference over the whole measurement."""
+        median = statistics.median(self.samples)
+        return {key: self.scale(value) if isinstance(value, dict) else value * median for key, value in table.items()}
+
+
+def measure_forwards(model: Any, kv_length: int, token_counts: Sequence[int], repeats: int) -> dict[int, float]:
+    """``{n: s}``: the bare target forward of n tokens on a kv_length cache."""
+    import torch
+
+    from specgraft.eval import kv
+
+    vocab = int(kv.text_config(model).vocab_size)
+    device = kv.model_device(model)
+    sync = _sync_fn(device)
+    cache = kv.new_cache()
+    prompt = torch.tensor([_random_prompt(vocab, kv_length + max(token_counts))], device=device)
+    with torch.no_grad():
+        model(input_ids=prompt[:, :kv_length], cache=cache, use_cache=True, logits_to_keep=1)
+        out = {}
+        for n in token_counts:
+            def step(n: int = n) -> None:
+                model(input_ids=prompt[:, kv_length: kv_length + n], cache=cache, use_cache=True)
+                kv.crop_cache(cache, kv_length)
+            out[int(n)] = _median_time(step, repeats, sync)
+    return out
+
+
+def _draft_context(model: Any, prompt: list[int], needs: Sequence[int], full: bool) -> Any:
+    """A DraftContext after ``prompt``: all hidden states (``full``) or only the last position's."""
+    import torch
+
+    from specgraft.eval import kv
+    from specgraft.eval.drafter import DraftContext
+
+    device = kv.model_device(model)
+    ids = torch.tensor(prompt, dtype=torch.long, device=device)
+    hidden: dict[int, torch.Tensor] = {}
+    if needs:
+        with torch.no_grad():
+            out = model(input_ids=ids[None, :-1], output_hidden_states=True, logits_to_keep=1)
+        hidden = {int(i): out.hidden_states[int(i)][0] for i in needs}
+    start = 0
+    if not full:
+        start = len(prompt) - 2
+        hidden = {i: h[-1:] for i, h in hidden.items()}
+    return DraftContext(token_ids=ids, prompt_length=len(prompt), hidden_start=start, hidden_states=hidden,
+                        max_depth=1 << 20, remaining_tokens=1 << 20)
+
+
+def _time_propose(drafter: Any, model: Any, prompt: list[int], calls: int) -> float:
+    needs = tuple(int(i) for i in drafter.needs_hidden_states)
+    drafter.bind(model)
+    drafter.reset()
+    drafter.propose(_draft_context(model, prompt, needs, full=True))  # catch up on the whole prompt once
+    ctx = _draft_context(model, prompt, needs, full=False)
+    from specgraft.eval.kv import model_device
+
+    def step() -> None:
+        drafter.propose(ctx)
+        drafter.accept([], 0)  # the eval's drafting time includes the verdict's bookkeeping
+
+    return _median_time(step, calls, _sync_fn(model_device(model)))
+
+
+def measure_head(head: Any, head_type: str, model: Any, kv_length: int, calls: int,
+                 ref: _Reference) -> dict[str, Any]:
+    """A drafter section for a Medusa or EAGLE head (see the module docstring), in units of ``ref``."""
+    from specgraft.eval.kv import text_config
+
+    prompt = _random_prompt(int(text_config(model).vocab_size), kv_length)
+
+    def timed(drafter: Any) -> float:
+        return ref.relative(lambda: _time_propose(drafter, model, prompt, calls))
+
+    if head_type == "medusa":
+        from specgraft.heads.medusa_tree import MedusaDrafter, build_sparse_tree, head_topk_accuracy
+
+        # One call runs `h` heads and fills (and reports q for) the tree's nodes: cost by heads and nodes.
+        accuracy = head_topk_accuracy(head)
+        per_call: dict[str, dict[str, float]] = {}
+        for h in range(1, min(head.num_heads, MEDUSA_MAX_HEADS) + 1):
+            per_call[str(h)] = {}
+            for nodes in MEDUSA_NODES:
+                tree = build_sparse_tree(accuracy, nodes, max_depth=h)
+                if tree.depth == h and tree.size == nodes:
+                    per_call[str(h)][str(nodes)] = timed(MedusaDrafter(head, paths=tree.paths))
+        return {"kind": "medusa", "num_heads": head.num_heads, "per_call_s": per_call}
+    from specgraft.heads.eagle_drafter import EagleDrafter
+
+    chain = {str(d): timed(EagleDrafter(head, mode="chain", depth=d)) for d in EAGLE_DEPTHS}
+    tree = {}
+    for k in EAGLE_TOP_KS:
+        for d in EAGLE_DEPTHS:
+            total = 1 + k * d  # about the nodes an EAGLE-2 tree of this width and depth keeps
+            tree[f"{k},{d}"] = timed(EagleDrafter(head, mode="tree", top_k=k, depth=d, total_tokens=total))
+    # Drafting deeper or wider never costs less: smooth timing noise along depth, then along width.
+    chain = {str(d): v for d, v in monotone({int(d): v for d, v in chain.items()}).items()}
+    for k in EAGLE_TOP_KS:
+        row = monotone({d: tree[f"{k},{d}"] for d in EAGLE_DEPTHS})
+        tree.update({f"{k},{d}": v for d, v in row.items()})
+    for d in EAGLE_DEPTHS:
+        column = monotone({k: tree[f"{k},{d}"] for k in EAGLE_TOP_KS})
+        tree.update({f"{k},{d}": v for k, v in column.items()})
+    return {"kind": head_type, "chain_s": chain, "tree_s": tree}
+
+
+def measure_draft_model(draft: Any, model: Any, kv_length: int, calls: int, ref: _Reference) -> dict[str, Any]:
+    from specgraft.eval.drafters import DraftModelDrafter
+    from specgraft.eval.kv import text_config
+
+    prompt = _random_prompt(int(text_config(model).vocab_size), kv_length)
+    chain = {str(k): ref.relative(lambda k=k: _time_propose(DraftModelDrafter(draft, k=k), model, prompt, calls))
+             for k in DRAFT_MODEL_KS}
+    chain = {str(k): v for k, v in monotone({int(k): v for k, v in chain.items()}).items()}
+    # Each step the draft first catches up on the accepted tokens and the bonus (one here): the cost of catching up
+    # on c tokens lets the tuner charge the expected number instead.
+    unit = ref.time()
+    catchup = {str(c): t / unit for c, t in monotone(measure_forwards(draft, kv_length, CATCHUP_TOKENS,
+                                                                      calls)).items()}
+    return {"kind": "draft_model", "chain_s": chain, "catchup_s": catchup}
+
+
+def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_length: int = DEFAULT_KV_LENGTH,
+                    token_counts: Sequence[int] = DEFAULT_TOKEN_COUNTS, repeats: int = DEFAULT_REPEATS,
+                    heads: Sequence[tuple[str, Any, str]] = (), drafts: Sequence[tuple[str, Any]] = (),
+                    draft_calls: int = DRAFT_CALLS) -> CostProfile:
+    """Measure a :class:`CostProfile` for ``target`` (a Target) and the given heads ``(label, head, head_type)``
+    and draft models ``(label, model)``."""
+    import torch
+
+    counts = sorted({int(n) for n in token_counts})
+    if not counts or counts[0] < 1:
+        raise SpecgraftError(f"--token-counts must be positive integers, got {list(token_counts)}")
+    if 1 not in counts:
+        counts = [1] + counts
+    if kv_length < 2:
+        raise SpecgraftError(f"--kv-length must be at least 2, got {kv_length}")
+    if repeats < 1:
+        raise SpecgraftError(f"--repeats must be at least 1, got {repeats}")
+    model = target.model
+    check_fits(model, kv_length, max(counts))
+    logger.info("measuring decoder steps for %s tokens at KV length %d", counts, kv_length)
+    # Every time is measured as a ratio to a bare one-token forward timed next to it, and scaled back with that
+    # forward's median over the whole run, so steps and drafters share one time base despite load drift.
+    ref = _Reference(model, kv_length, draft_calls)
+    step = measure_steps(model, kv_length, counts, repeats, ref)
+    forward = measure_forwards(model, kv_length, counts, repeats)
+    drafters: dict[str, dict[str, Any]] = {}
+    tables = ("per_call_s", "chain_s", "tree_s", "catchup_s")
+    for label, head, head_type in heads:
+        logger.info("measuring the %s drafter", label)
+        drafters[label] = {**measure_head(head, head_type, model, kv_length, draft_calls, ref), "path": label}
+    for label, draft in drafts:
+        logger.info("measuring the draft model %s", label)
+        drafters[label] = {**measure_draft_model(draft, model, kv_length, draft_calls, ref), "path": label}
+    step = ref.scale(step)
+    for section in drafters.values():
+        for table in tables:
+            if table in section:
+                section[table] = ref.scale(section[table])
+    return CostProfile(device=str(device), device_name=device_description(str(device)), dtype=str(dtype),
+                       threads=int(threads), torch_version=str(torch.__version__), target=target.identity.to_dict(),
+                       kv_length=int(kv_length), step_s=step, forward_s=forward, drafters=drafters)
+
+
+# -- CLI -----------------------------------------------------------------------------------------------------------
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specgraft profile``."""
+    parser.add_argument("--target", required=True, help="target model: a transformers folder or Hub id")
+    parser.add_argument("--head", type=Path, action="append", default=[], help="head folder to measure (repeatable)")
+    parser.add_argument("--draft", action="append", default=[], help="draft model folder to measure (repeatable)")
+    parser.add_argument("--out", type=Path, required=True, help="the profile JSON to write")
+    parser.add_argument("--kv-length", type=int, default=DEFAULT_KV_LENGTH,
+                        help=f"tokens in the KV cache while measuring (default {DEFAULT_KV_LENGTH}; use your typical "
+                             "prompt + answer length)")
+    parser.add_argument("--token-counts", type=_int_list, default=list(DEFAULT_TOKEN_COUNTS),
+                        help="tokens verified at once to measure (default 1,2,3,4,6,8,12,16,24,32,48,64)")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="timing repeats; the median counts")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing profile file")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                        help="model dtype (default: float32 on CPU, bfloat16 on GPU)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure and write the profile."""
+    import torch
+
+    from specgraft.eval.cli import _device_and_dtype, _load_draft_model
+    from specgraft.heads.base import load_head, read_head_config
+    from specgraft.target import load_target
+
+    if args.out.exists() and not args.overwrite:
+        raise SpecgraftError(f"{args.out} exists; pass --overwrite to replace it or choose another --out")
+    for head_dir in args.head:
+        read_head_config(head_dir)  # cheap check before loading the target
+    device, dtype = _device_and_dtype(args)
+    target = load_target(args.target, dtype=dtype, device=device)
+    heads = []
+    for head_dir in args.head:
+        head = load_head(target, head_dir)
+        heads.append((str(head_dir), head, head.head_type))
+    drafts = [(str(path), _load_draft_model(path, target, dtype, device)[0]) for path in args.draft]
+    profile = measure_profile(target, device=device, dtype=dtype, threads=torch.get_num_threads(),
+                              kv_length=args.kv_length, token_counts=args.token_counts, repeats=args.repeats,
+                              heads=heads, drafts=drafts)
+    profile.save(args.out)
+    base = profile.plain_step_s
+    print(f"device: {profile.device} ({profile.device_name}), {profile.dtype}, {profile.threads} thread(s), "
+          f"KV length {profile.kv_length}")
+    print("tokens verified | chain step (x plain) | tree step (x plain)")
+    for n in sorted(profile.step_s["chain"]):
+        tree = profile.step_s["tree"].get(n)
+        print(f"{n:>15} | {profile.step_s['chain'][n] * 1e3:8.3f} ms ({profile.step_s['chain'][n] / base:4.2f}x) | "
+              + (f"{tree * 1e3:8.3f} ms ({tree / base:4.2f}x)" if tree else "-"))
+    for label, section in profile.drafters.items():
+        cells = []
+        for table in ("per_call_s", "chain_s"):
+            for key, value in (section.get(table) or {}).items():
+                if isinstance(value, dict):  # Medusa: heads -> nodes -> seconds
+                    cells += [f"{key} heads/{n} nodes {v * 1e3:.2f} ms" for n, v in value.items()]
+                else:
+                    cells.append(f"{key} {value * 1e3:.2f} ms")
+        print(f"drafter {label} ({section['kind']}): " + ", ".join(cells))
+    print(f"wrote {args.out}")
+    return 0

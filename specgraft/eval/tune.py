@@ -1,0 +1,587 @@
+"""Choose the speculation setting that is fastest on this device, and prove it with a measured run.
+
+``specgraft tune --target PATH (--head DIR | --draft DIR) --prompts FILE... [--cost-profile FILE]
+[--calibration REPORT]`` predicts, for every candidate setting,
+
+    tokens/s = E[accepted + 1] / (draft cost + step cost(N tokens verified))
+
+from a device cost profile (:mod:`specgraft.eval.cost`; measured now when none is given) and the acceptance
+statistics of a calibration eval (:mod:`specgraft.eval.acceptance`; run now at the default setting when none is
+given), picks the best, runs a confirming eval at the chosen and the default settings on the calibration prompts,
+and writes ``tuned.json`` beside the head (``specgraft eval`` then uses it unless a setting flag is given).
+
+Candidates and their predicted acceptance:
+
+* Medusa: the optimal static tree for every size ``n`` and depth (number of heads used), by the dynamic program
+  of :func:`~specgraft.eval.acceptance.optimal_tree` over per-(depth, rank) acceptance measured in the calibration
+  run (the head's stored top-k accuracies where a cell was never tried). Drafting costs one call of ``depth`` heads.
+* EAGLE / EAGLE-3: chains of depth ``D`` (``E = sum_d prod_{j<=d} p[j][0]``) and dynamic trees (top-k ``k``,
+  depth ``D``, ``T`` tokens), predicted as the optimal static tree with ranks ``< k``, depth ``<= D`` and ``T - 1``
+  nodes (the dynamic tree picks its nodes by draft confidence, which the static optimum approximates).
+* Draft models: chains of ``k`` tokens; ``E = sum_{d<=k} reach[d]`` from a chain calibration at the largest ``k``
+  (exact for greedy decoding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specgraft.errors import SpecgraftError
+from specgraft.eval.acceptance import optimal_tree, rank_probabilities, reach_rates, tree_value
+from specgraft.eval.cost import CostProfile, check_fits, check_profile
+from specgraft.utils.io import atomic_write_json, read_json_meta
+
+logger = logging.getLogger(__name__)
+
+TUNED_NAME = "tuned.json"
+TUNED_VERSION = 1
+#: Largest tree (tokens verified, root included) the tuner considers.
+MAX_TREE_TOKENS = 64
+#: Depth of the chain calibration run of a draft model (every shorter chain is predicted exactly from it).
+DRAFT_CALIBRATION_K = 8
+#: Candidates listed in tuned.json and printed.
+TOP_CANDIDATES = 8
+#: Default settings (what `specgraft eval` uses without flags or tuned.json).
+DEFAULTS = {"medusa": {"mode": "tree", "tree_size": 64}, "eagle": {"mode": "tree", "top_k": 10, "depth": 6,
+                                                                     "total_tokens": 60},
+            "draft_model": {"mode": "chain", "k": 4}}
+#: Fields a calibration report must have.
+CALIBRATION_FIELDS = ("steps", "depth_accepted")
+
+
+@dataclass
+class Candidate:
+    """One setting with its predicted numbers (times in seconds)."""
+
+    setting: dict[str, Any]
+    expected_accepted: float
+    draft_s: float
+    step_s: float
+    tokens_per_s: float = 0.0
+    speedup: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def kind_of(head_type: str) -> str:
+    """medusa | eagle (EAGLE-1/2 and EAGLE-3 tune alike) | draft_model."""
+    return "eagle" if head_type in ("eagle", "eagle3") else head_type
+
+
+def _finish(c: Candidate, plain_step_s: float) -> Candidate:
+    c.tokens_per_s = (1.0 + c.expected_accepted) / (c.draft_s + c.step_s)
+    c.speedup = c.tokens_per_s * plain_step_s
+    return c
+
+
+def _is_chain(paths: Sequence[Sequence[int]]) -> bool:
+    return all(all(r == 0 for r in p) for p in paths) and len({len(p) for p in paths}) == len(paths)
+
+
+def medusa_call_cost(per_call: dict[str, Any], depth: int, nodes: int) -> float:
+    """A Medusa call with ``depth`` heads and ``nodes`` tree nodes, linear in the nodes between measurements."""
+    table = per_call.get(str(depth))
+    if not isinstance(table, dict) or not table:
+        raise SpecgraftError(f"the cost profile has no Medusa cost for {depth} heads; re-run `specgraft profile` "
+                             "with this version")
+    points = sorted((int(n), float(s)) for n, s in table.items())
+    if nodes <= points[0][0]:
+        return points[0][1]
+    if nodes >= points[-1][0]:
+        return points[-1][1]
+    for (n0, s0), (n1, s1) in zip(points, points[1:]):
+        if n0 <= nodes <= n1:
+            return s0 + (s1 - s0) * (nodes - n0) / (n1 - n0)
+    raise AssertionError("unreachable: nodes lies between the measured points")
+
+
+def _table(section: dict[str, Any], name: str) -> dict[str, float]:
+    table = section.get(name)
+    if not table:
+        raise SpecgraftError(f"the cost profile's {section.get('kind')} drafter has no {name!r} table; re-run "
+                             "`specgraft profile` with this version")
+    return {str(k): float(v) for k, v in table.items()}
+
+
+# -- candidates --------------------------------------------------------------------------------------------------
+def _max_tokens(profile: CostProfile, limit: int) -> int:
+    """The largest verification the profile measured (trees are not extrapolated), at most ``limit``."""
+    return min(limit, max(profile.step_s["chain"]), max(profile.step_s.get("tree") or {0: 0}) or limit)
+
+
+def medusa_candidates(profile: CostProfile, drafter: dict[str, Any], probs: Sequence[Sequence[float]],
+                      max_tokens: int = MAX_TREE_TOKENS) -> list[Candidate]:
+    """Every (depth, size) Medusa tree, each the DP optimum for its size and depth."""
+    per_call = drafter.get("per_call_s") or {}
+    max_tokens = _max_tokens(profile, max_tokens)
+    out = []
+    for depth in range(1, len(probs) + 1):
+        if str(depth) not in per_call:
+            continue
+        for nodes in range(1, max_tokens):
+            value, paths = optimal_tree(probs, nodes, max_depth=depth)
+            if len(paths) < nodes or not paths or max(len(p) for p in paths) < depth:
+                continue  # the same tree as a smaller size or depth: already listed
+            chain = _is_chain(paths)
+            setting = {"mode": "chain" if chain else "tree", "depth": depth, "tree_size": nodes + 1,
+                       "paths": [list(p) for p in paths]}
+            out.append(_finish(Candidate(setting, value, medusa_call_cost(per_call, depth, nodes),
+                                         profile.step_cost(nodes + 1, tree=not chain)), profile.plain_step_s))
+    return out
+
+
+def eagle_candidates(profile: CostProfile, drafter: dict[str, Any], probs: Sequence[Sequence[float]],
+                     max_tokens: int = MAX_TREE_TOKENS) -> list[Candidate]:
+    """EAGLE chains by depth and dynamic trees by (top-k, depth, total tokens)."""
+    chain_s, tree_s = _table(drafter, "chain_s"), _table(drafter, "tree_s")
+    max_tokens = _max_tokens(profile, max_tokens)
+    out = []
+    reach, value = [], 1.0
+    for d, row in enumerate(probs, start=1):
+        value *= row[0] if row else 0.0
+        reach.append(value)
+        if str(d) in chain_s and d + 1 <= max(profile.step_s["chain"]):
+            out.append(_finish(Candidate({"mode": "chain", "depth": d}, sum(reach), chain_s[str(d)],
+                                         profile.step_cost(d + 1, tree=False)), profile.plain_step_s))
+    measured_counts = sorted(profile.step_s.get("tree") or {})
+    for key, draft in tree_s.items():
+        top_k, depth = (int(x) for x in key.split(","))
+        if depth > len(probs):
+            continue
+        for total in measured_counts:
+            if total < 3 or total > max_tokens:
+                continue
+            # An EAGLE-2 tree of depth D and width k has at most k + (D - 1) k^2 candidates to keep.
+            if total - 1 > top_k + (depth - 1) * top_k * top_k:
+                continue
+            value, paths = optimal_tree(probs, total - 1, max_depth=depth, max_rank=top_k)
+            if not paths or max(len(p) for p in paths) < depth:
+                continue
+            setting = {"mode": "tree", "top_k": top_k, "depth": depth, "total_tokens": total}
+            out.append(_finish(Candidate(setting, value, draft, profile.step_cost(total, tree=True)),
+                               profile.plain_step_s))
+    return out
+
+
+def draft_model_cost(drafter: dict[str, Any], k: int, expected_accepted: float) -> float:
+    """A draft-model step: the profile's k-token chain (one-token catch-up) plus catching up on the expected
+    accepted tokens and the bonus instead of one (when the profile measured catch-up costs)."""
+    draft = _table(drafter, "chain_s")[str(k)]
+    catchup = {int(c): float(s) for c, s in (drafter.get("catchup_s") or {}).items()}
+    if catchup:
+        tokens = min(max(catchup), max(1.0, 1.0 + expected_accepted))
+        low = int(tokens)
+        high = min(low + 1, max(catchup))
+        value = catchup[low] + (catchup[high] - catchup[low]) * (tokens - low)
+        draft += value - catchup[1]
+    return draft
+
+
+def draft_model_candidates(profile: CostProfile, drafter: dict[str, Any], reach: Sequence[float]) -> list[Candidate]:
+    """Chains of k draft tokens (greedy: exact expected acceptance from a longer chain's reach rates)."""
+    chain_s = _table(drafter, "chain_s")
+    out = []
+    for key in sorted(chain_s, key=int):
+        k = int(key)
+        if k > len(reach) or k + 1 > max(profile.step_s["chain"]):
+            continue
+        accepted = float(sum(reach[:k]))
+        out.append(_finish(Candidate({"mode": "chain", "k": k}, accepted, draft_model_cost(drafter, k, accepted),
+                                     profile.step_cost(k + 1, tree=False)), profile.plain_step_s))
+    return out
+
+
+def rank_and_pick(candidates: list[Candidate]) -> list[Candidate]:
+    """Candidates by predicted tokens/s, best first (ties: the smaller tree, then the shallower)."""
+    if not candidates:
+        raise SpecgraftError("no candidate setting could be predicted (the cost profile and the calibration share no "
+                             "setting); re-run `specgraft profile` with this drafter")
+
+    def size(c: Candidate) -> int:
+        s = c.setting
+        return int(s.get("tree_size") or s.get("total_tokens") or (s.get("depth") or s.get("k") or 0) + 1)
+
+    return sorted(candidates, key=lambda c: (-round(c.tokens_per_s, 9), size(c), c.setting.get("depth", 0)))
+
+
+# -- calibration ---------------------------------------------------------------------------------------------------
+def calibration_numbers(report: dict[str, Any], where: str) -> dict[str, Any]:
+    """reach rates and acceptance statistics of a calibration report (one error line when fields are missing)."""
+    overall = report.get("overall") if isinstance(report, dict) else None
+    if not overall:
+        raise SpecgraftError(f"{where} has no 'overall' metrics; pass a report.json written by `specgraft eval`")
+    missing = [k for k in CALIBRATION_FIELDS if overall.get(k) is None]
+    if missing:
+        raise SpecgraftError(f"the calibration report {where} lacks overall.{', overall.'.join(missing)}; re-run "
+                             "`specgraft eval` with this version")
+    steps = int(overall["steps"])
+    if steps <= 0:
+        raise SpecgraftError(f"the calibration report {where} verified no drafts (0 steps); calibrate on prompts "
+                             "that generate tokens")
+    return {"reach": reach_rates(overall["depth_accepted"], steps), "steps": steps,
+            "statistics": report.get("acceptance_statistics"), "drafter": report.get("drafter") or {},
+            "tokens_per_s": overall.get("tokens_per_s"), "baseline_tokens_per_s": overall.get("baseline_tokens_per_s"),
+            "speedup": overall.get("speedup_ratio_of_totals"), "tau": overall.get("tau")}
+
+
+def read_report(path: str | Path) -> tuple[dict[str, Any], Path]:
+    path = Path(path)
+    file = path / "report.json" if path.is_dir() else path
+    if not file.is_file():
+        raise SpecgraftError(f"no calibration report at {file}; pass the report.json of a `specgraft eval` run")
+    return read_json_meta(file, ("overall",), "pass a report.json written by `specgraft eval`"), file
+
+
+def candidates_for(kind: str, profile: CostProfile, drafter_costs: dict[str, Any], calibration: dict[str, Any],
+                   prior: Sequence[Sequence[float]] | None = None) -> list[Candidate]:
+    """Every predicted candidate of a drafter kind, best first."""
+    if kind == "draft_model":
+        if (calibration["drafter"].get("mode") or "chain") != "chain":
+            raise SpecgraftError("tuning a draft model needs a chain calibration run (its reach rates predict every "
+                                 "shorter chain); calibrate with --mode chain")
+        return rank_and_pick(draft_model_candidates(profile, drafter_costs, calibration["reach"]))
+    if not calibration.get("statistics"):
+        raise SpecgraftError("the calibration report has no acceptance_statistics (per depth and rank); re-run "
+                             "`specgraft eval` with this version for the head")
+    probs = rank_probabilities(calibration["statistics"], prior=prior)
+    if kind == "medusa":
+        return rank_and_pick(medusa_candidates(profile, drafter_costs, probs))
+    return rank_and_pick(eagle_candidates(profile, drafter_costs, probs))
+
+
+def predict_setting(kind: str, setting: dict[str, Any], profile: CostProfile, drafter_costs: dict[str, Any],
+                    calibration: dict[str, Any], prior: Sequence[Sequence[float]] | None = None) -> Candidate:
+    """The prediction for one given setting (e.g. the default) with the same model as the candidates.
+
+    Medusa settings need ``paths`` (the tree); EAGLE trees are predicted as the optimal static tree of their
+    size, depth and width, EAGLE chains from the rank-0 rates, draft-model chains from the reach rates."""
+    plain = profile.plain_step_s
+    if kind == "draft_model":
+        k = int(setting["k"])
+        if k > len(calibration["reach"]):
+            raise SpecgraftError(f"the calibration chain reached depth {len(calibration['reach'])}; it cannot "
+                                 f"predict k={k}")
+        accepted = float(sum(calibration["reach"][:k]))
+        return _finish(Candidate(dict(setting), accepted, draft_model_cost(drafter_costs, k, accepted),
+                                 profile.step_cost(k + 1, tree=False)), plain)
+    if not calibration.get("statistics"):
+        raise SpecgraftError("the calibration report has no acceptance_statistics (per depth and rank); re-run "
+                             "`specgraft eval` with this version for the head")
+    probs = rank_probabilities(calibration["statistics"], prior=prior)
+    if kind == "medusa":
+        paths = [tuple(p) for p in setting["paths"]]
+        depth = max(len(p) for p in paths)
+        per_call = drafter_costs.get("per_call_s") or {}
+        return _finish(Candidate(dict(setting), tree_value(paths, probs), medusa_call_cost(per_call, depth, len(paths)),
+                                 profile.step_cost(len(paths) + 1, tree=not _is_chain(paths))), plain)
+    depth = int(setting["depth"])
+    if setting.get("mode") == "chain":
+        value, reach = 1.0, 0.0
+        for row in probs[:depth]:
+            value *= row[0] if row else 0.0
+            reach += value
+        return _finish(Candidate(dict(setting), reach, _table(drafter_costs, "chain_s")[str(depth)],
+                                 profile.step_cost(depth + 1, tree=False)), plain)
+    top_k, total = int(setting["top_k"]), int(setting["total_tokens"])
+    tree_s = _table(drafter_costs, "tree_s")
+    key = f"{top_k},{depth}"
+    if key not in tree_s:
+        raise SpecgraftError(f"the cost profile has no EAGLE tree cost for top-k {top_k}, depth {depth}; re-run "
+                             "`specgraft profile` for this head")
+    value, _ = optimal_tree(probs, total - 1, max_depth=depth, max_rank=top_k)
+    return _finish(Candidate(dict(setting), value, tree_s[key], profile.step_cost(total, tree=True)), plain)
+
+
+def same_setting(kind: str, a: dict[str, Any], b: dict[str, Any]) -> bool:
+    keys = {"medusa": ("mode", "tree_size", "depth"), "eagle": ("mode", "depth", "top_k", "total_tokens"),
+            "draft_model": ("mode", "k")}[kind]
+    if kind == "eagle" and a.get("mode") == "chain" == b.get("mode"):
+        keys = ("mode", "depth")
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
+# -- tuned.json ----------------------------------------------------------------------------------------------------
+def read_tuned(folder: str | Path) -> dict[str, Any] | None:
+    """The tuned setting stored in a head or draft folder (None when it was never tuned)."""
+    file = Path(folder) / TUNED_NAME
+    if not file.is_file():
+        return None
+    return read_json_meta(file, ("kind", "setting", "device"), f"re-run `specgraft tune` for {folder}")
+
+
+@dataclass
+class TuneResult:
+    kind: str
+    chosen: Candidate
+    default: Candidate | None
+    candidates: list[Candidate]
+    measured: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def tuned_record(result: TuneResult, profile: CostProfile, calibration_path: str) -> dict[str, Any]:
+    return {"version": TUNED_VERSION, "kind": result.kind, "setting": result.chosen.setting,
+            "predicted": {"tokens_per_s": result.chosen.tokens_per_s, "speedup": result.chosen.speedup,
+                          "tau": 1 + result.chosen.expected_accepted},
+            "default": result.default.to_dict() if result.default is not None else None,
+            "measured": result.measured, "device": profile.summary(), "calibration": calibration_path,
+            "candidates": [c.to_dict() for c in result.candidates[:TOP_CANDIDATES]]}
+
+
+# -- the command ---------------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specgraft tune``."""
+    parser.add_argument("--target", required=True, help="target model: a transformers folder or Hub id")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--head", type=Path, help="trained head folder (medusa, eagle or eagle3)")
+    which.add_argument("--draft", type=Path, help="draft model folder")
+    parser.add_argument("--prompts", nargs="*", type=Path, default=[],
+                        help="calibration prompt files (the confirming evals run on them too)")
+    parser.add_argument("--limit-per-domain", type=int, help="use only the first N prompts of each domain")
+    parser.add_argument("--cost-profile", type=Path, help="a `specgraft profile` JSON (default: measure one now)")
+    parser.add_argument("--calibration", type=Path,
+                        help="an eval report of this drafter at its default setting (default: run one now)")
+    parser.add_argument("--out", type=Path, help="folder for the calibration/confirming reports (default: "
+                                                 "<head>/tune)")
+    parser.add_argument("--kv-length", type=int, help="KV length for a profile measured now (default: the mean "
+                                                      "prompt length plus half of --max-new-tokens)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per calibration turn (default 64)")
+    parser.add_argument("--no-confirm", action="store_true", help="skip the confirming evals")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing tuned.json")
+    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available, else cpu)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="model dtype")
+    parser.add_argument("--threads", type=int, help="torch CPU threads")
+
+
+def drafter_for(kind: str, head_or_draft: Any, setting: dict[str, Any]) -> Any:
+    """A drafter at ``setting``."""
+    if kind == "medusa":
+        from specgraft.heads.medusa_tree import MedusaDrafter
+
+        if "paths" in setting:
+            return MedusaDrafter(head_or_draft, mode="tree", paths=setting["paths"])
+        return MedusaDrafter(head_or_draft, mode=setting.get("mode", "tree"),
+                             num_nodes=int(setting.get("tree_size", 64)) - 1)
+    if kind == "eagle":
+        from specgraft.heads.eagle_drafter import EagleDrafter
+
+        if setting["mode"] == "chain":
+            return EagleDrafter(head_or_draft, mode="chain", depth=int(setting["depth"]))
+        return EagleDrafter(head_or_draft, mode="tree", top_k=int(setting["top_k"]), depth=int(setting["depth"]),
+                            total_tokens=int(setting["total_tokens"]))
+    from specgraft.eval.drafters import DraftModelDrafter
+
+    return DraftModelDrafter(head_or_draft, k=int(setting["k"]))
+
+
+def setting_label(kind: str, setting: dict[str, Any]) -> str:
+    if kind == "medusa":
+        return f"{setting.get('mode')} of {setting.get('tree_size')} tokens, depth {setting.get('depth')}"
+    if kind == "eagle":
+        if setting.get("mode") == "chain":
+            return f"chain of depth {setting['depth']}"
+        return f"tree top-k {setting['top_k']}, depth {setting['depth']}, {setting['total_tokens']} tokens"
+    return f"chain of k={setting['k']}"
+
+
+def drafter_info(kind: str, head_type: str, path: str, setting: dict[str, Any], source: str) -> dict[str, Any]:
+    """What report.json records under ``drafter`` for a tuned/default setting."""
+    info: dict[str, Any] = {"type": head_type, "path": path, "mode": setting.get("mode"), "setting_source": source}
+    for key in ("k", "depth", "top_k", "total_tokens", "tree_size"):
+        if key in setting:
+            info[key] = setting[key]
+    if kind == "medusa" and "paths" in setting:
+        info["k"] = setting["depth"]
+    return info
+
+
+def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir: Path, prompts: Sequence[Any],
+         out_dir: Path, *, profile: CostProfile, calibration: tuple[dict[str, Any], str] | None,
+         settings: Any, confirm: bool = True, prior: Sequence[Sequence[float]] | None = None,
+         progress: bool = True, calibration_is_default: bool = False) -> tuple[TuneResult, dict[str, Any]]:
+    """Calibrate (unless given), predict, choose and confirm; returns the result and the tuned.json record.
+
+    ``calibration_is_default``: the given calibration report was measured at the default setting on these
+    prompts, so it also serves as the default's confirming measurement."""
+    from specgraft.eval.report import run_eval
+
+    if not prompts:
+        raise SpecgraftError("tuning needs calibration prompts; pass --prompts FILE (the prompts you will serve)")
+    warnings = check_profile(profile, target.identity.to_dict(), str(target.device))
+    for message in warnings:
+        logger.warning("%s", message)
+    default_setting = dict(DEFAULTS[kind])
+    if calibration is None:
+        calib_setting = {"mode": "chain", "k": DRAFT_CALIBRATION_K} if kind == "draft_model" else default_setting
+        logger.info("calibration eval of %s at %s", kind, setting_label(kind, calib_setting) if kind != "medusa"
+                    else "the default tree")
+        report = run_eval(target, drafter_for(kind, drafter_source, calib_setting), prompts, out_dir / "calibration",
+                          settings=settings, progress=progress,
+                          drafter_info=drafter_info(kind, head_type, str(source_dir), calib_setting, "calibration"))
+        calibration = (report, str(out_dir / "calibration" / "report.json"))
+        calibration_is_default = kind != "draft_model"  # heads calibrate at their default setting
+    report, calibration_path = calibration
+    numbers = calibration_numbers(report, calibration_path)
+    costs = profile.drafter(_profile_label(profile, kind, source_dir))
+    candidates = candidates_for(kind, profile, costs, numbers, prior)
+    chosen = candidates[0]
+    if kind == "medusa":
+        from specgraft.heads.medusa_tree import DEFAULT_NUM_NODES, build_sparse_tree
+
+        # The default tree (what an untuned `specgraft eval` drafts), built from the head's stored accuracies.
+        tree = build_sparse_tree(prior if prior is not None else [[0.0]], DEFAULT_NUM_NODES)
+        default_setting = {"mode": "tree", "tree_size": tree.size + 1, "depth": tree.depth,
+                           "paths": [list(p) for p in tree.paths]}
+    try:
+        default: Candidate | None = predict_setting(kind, default_setting, profile, costs, numbers, prior)
+    except SpecgraftError as exc:  # e.g. a profile that stops short of the default's 60-64 tokens
+        logger.warning("no prediction for the default setting: %s", exc)
+        default = None
+    result = TuneResult(kind, chosen, default, candidates, warnings=warnings)
+    if confirm:
+        measured_chosen = run_eval(target, drafter_for(kind, drafter_source, chosen.setting), prompts,
+                                   out_dir / "tuned", settings=settings, progress=progress,
+                                   drafter_info=drafter_info(kind, head_type, str(source_dir), chosen.setting,
+                                                             "tuned"))["overall"]
+        result.measured["tuned"] = _measured(measured_chosen)
+        if calibration_is_default:
+            # The calibration run IS the default setting, measured the same way (same prompts and process).
+            result.measured["default"] = _measured(report["overall"])
+        else:
+            measured_default = run_eval(target, drafter_for(kind, drafter_source, default_setting), prompts,
+                                        out_dir / "default", settings=settings, progress=progress,
+                                        drafter_info=drafter_info(kind, head_type, str(source_dir), default_setting,
+                                                                  "defaults"))["overall"]
+            result.measured["default"] = _measured(measured_default)
+    return result, tuned_record(result, profile, calibration_path)
+
+
+def _measured(overall: dict[str, Any]) -> dict[str, Any]:
+    return {k: overall.get(k) for k in ("tau", "tokens_per_s", "baseline_tokens_per_s", "speedup_ratio_of_totals")}
+
+
+def _profile_label(profile: CostProfile, kind: str, source_dir: Path) -> str:
+    """The profile's drafter section for this head/draft: by path, else the only one of the same kind."""
+    if str(source_dir) in profile.drafters:
+        return str(source_dir)
+    same = [label for label, s in profile.drafters.items() if kind_of(str(s.get("kind"))) == kind]
+    if len(same) == 1:
+        return same[0]
+    raise SpecgraftError(f"the cost profile has no measurement of {source_dir} (it has: "
+                         f"{', '.join(profile.drafters) or 'none'}); re-run `specgraft profile --head/--draft "
+                         f"{source_dir}`")
+
+
+def is_default_run(kind: str, report: dict[str, Any]) -> bool:
+    """Whether an eval report was measured at the drafter's default setting (then it doubles as the default's
+    confirming measurement)."""
+    drafter = report.get("drafter") or {}
+    default = DEFAULTS[kind]
+    if kind == "medusa":
+        return drafter.get("mode") == "tree" and drafter.get("tree_size") == default["tree_size"]
+    if kind == "eagle":
+        return (drafter.get("mode") == "tree" and drafter.get("top_k") == default["top_k"]
+                and drafter.get("k", drafter.get("depth")) == default["depth"]
+                and drafter.get("tree_size", drafter.get("total_tokens")) == default["total_tokens"])
+    return drafter.get("mode") == "chain" and drafter.get("k") == default["k"]
+
+
+def default_kv_length(prompt_lengths: Sequence[int], max_new_tokens: int) -> int:
+    mean = sum(prompt_lengths) / len(prompt_lengths) if prompt_lengths else 0
+    return max(2, int(round(mean + max_new_tokens / 2)))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Tune one drafter; write tuned.json and print predicted vs measured."""
+    from specgraft.eval.cli import _device_and_dtype, _load_draft_model
+    from specgraft.eval.cost import measure_profile
+    from specgraft.eval.prompts import load_prompts, render_turn
+    from specgraft.eval.report import EvalSettings
+    from specgraft.target import load_target
+
+    if not args.prompts:
+        raise SpecgraftError("tuning needs calibration prompts; pass --prompts FILE (the prompts you will serve)")
+    source_dir = args.head if args.head is not None else args.draft
+    tuned_file = source_dir / TUNED_NAME
+    if tuned_file.exists() and not args.overwrite:
+        raise SpecgraftError(f"{tuned_file} exists; pass --overwrite to re-tune")
+    profile = CostProfile.load(args.cost_profile) if args.cost_profile is not None else None
+    calibration = None
+    if args.calibration is not None:
+        report, file = read_report(args.calibration)
+        calibration_numbers(report, str(file))  # fail fast on missing fields
+        calibration = (report, str(file))
+    settings = EvalSettings(max_new_tokens=args.max_new_tokens)
+    settings.validate()
+    prompts = load_prompts(args.prompts, limit_per_domain=args.limit_per_domain)
+    device, dtype = _device_and_dtype(args)
+    target = load_target(args.target, dtype=dtype, device=device)
+    prior = None
+    if args.head is not None:
+        from specgraft.heads.base import load_head
+
+        source = load_head(target, args.head)
+        head_type = source.head_type
+        kind = kind_of(head_type)
+        if kind == "medusa":
+            from specgraft.heads.medusa_tree import head_topk_accuracy
+
+            prior = head_topk_accuracy(source).tolist()
+        heads, drafts = [(str(args.head), source, head_type)], []
+    else:
+        source = _load_draft_model(str(args.draft), target, dtype, device)[0]
+        head_type, kind = "draft_model", "draft_model"
+        heads, drafts = [], [(str(args.draft), source)]
+    if profile is None:
+        import torch
+
+        lengths = [len(render_turn(target.tokenizer, p.turns, [])[1]) for p in prompts]
+        kv_length = args.kv_length or default_kv_length(lengths, args.max_new_tokens)
+        check_fits(target.model, kv_length, MAX_TREE_TOKENS)
+        profile = measure_profile(target, device=device, dtype=dtype, threads=torch.get_num_threads(),
+                                  kv_length=kv_length, heads=heads, drafts=drafts)
+        out_profile = (args.out or source_dir / "tune") / "cost_profile.json"
+        profile.save(out_profile)
+        print(f"measured the cost profile -> {out_profile}")
+    result, record = tune(target, kind, head_type, source, source_dir, prompts, args.out or source_dir / "tune",
+                          profile=profile, calibration=calibration, settings=settings,
+                          confirm=not args.no_confirm, prior=prior,
+                          calibration_is_default=calibration is not None and is_default_run(kind, calibration[0]))
+    atomic_write_json(tuned_file, record)
+    print_result(result, profile)
+    print(f"wrote {tuned_file}; `specgraft eval --head/--draft {source_dir}` now uses it (a setting flag wins)")
+    return 0
+
+
+def print_result(result: TuneResult, profile: CostProfile) -> None:
+    kind = result.kind
+    print(f"device: {profile.device} ({profile.device_name}), {profile.dtype}, {profile.threads} thread(s); plain "
+          f"step {profile.plain_step_s * 1e3:.3f} ms at KV length {profile.kv_length}")
+    print("rank | setting | E[accepted+1] | draft ms | step ms | predicted tok/s | predicted speedup")
+    for i, c in enumerate(result.candidates[:TOP_CANDIDATES], start=1):
+        print(f"{i:>4} | {setting_label(kind, c.setting)} | {1 + c.expected_accepted:.3f} | {c.draft_s * 1e3:.3f} | "
+              f"{c.step_s * 1e3:.3f} | {c.tokens_per_s:.1f} | {c.speedup:.3f}x")
+    rows = [("tuned", result.chosen)] + ([("default", result.default)] if result.default is not None else [])
+    for name, c in rows:
+        m = result.measured.get(name) or {}
+        line = (f"{name}: {setting_label(kind, c.setting)}: predicted {c.tokens_per_s:.1f} tok/s "
+                f"({c.speedup:.2f}x, tau {1 + c.expected_accepted:.2f})")
+        if m.get("tokens_per_s") is not None and m.get("speedup_ratio_of_totals"):
+            line += (f"; measured {m['tokens_per_s']:.1f} tok/s ({m['speedup_ratio_of_totals']:.2f}x, tau "
+                     f"{m['tau']:.2f}); speedup prediction error "
+                     f"{prediction_error(c.speedup, m['speedup_ratio_of_totals']):+.1%}")
+        print(line)
+    print("measured tok/s come from the confirming evals (plain and speculative interleaved per prompt in one "
+          "process); on a shared machine the absolute speed drifts with load, so compare the speedups")
+
+
+def prediction_error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured."""
+    return (predicted - measured) / measured if measured else math.nan

@@ -1,0 +1,326 @@
+"""Hardware-aware tuning: the cost profile, reach rates, the optimal tree DP, `specgraft tune` and its bad inputs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from specgraft.cli import main
+from specgraft.errors import SpecgraftError
+from specgraft.eval.acceptance import AcceptanceRecorder, optimal_tree, rank_probabilities, reach_rates, tree_value
+from specgraft.eval.cost import CostProfile, check_profile
+from specgraft.eval.tune import (
+    Candidate,
+    calibration_numbers,
+    candidates_for,
+    draft_model_candidates,
+    predict_setting,
+)
+from specgraft.target import Target
+from specgraft.testing import tiny_model, tiny_tokenizer
+
+QUESTIONS = [
+    {"question_id": 1, "category": "writing", "turns": ["Write a haiku."]},
+    {"question_id": 2, "category": "math", "turns": ["What is 2+2?"]},
+]
+TARGET = {"name_or_path": "tiny", "architecture": "LlamaForCausalLM", "hidden_size": 64, "vocab_size": 320,
+          "num_hidden_layers": 2}
+
+
+def synthetic_profile(**overrides) -> CostProfile:
+    """A CPU-like profile: verifying n tokens costs 1 + 0.1 (n - 1) ms; a draft token 0.3 ms."""
+    counts = (1, 2, 3, 4, 6, 8, 12, 16)
+    fields = dict(device="cpu", device_name="test-cpu", dtype="float32", threads=1, torch_version="x",
+                  target=dict(TARGET), kv_length=64,
+                  step_s={"chain": {n: 1e-3 * (1 + 0.1 * (n - 1)) for n in counts},
+                          "tree": {n: 1e-3 * (1 + 0.15 * (n - 1)) for n in counts if n >= 3}},
+                  forward_s={n: 1e-3 for n in counts},
+                  drafters={"draft": {"kind": "draft_model", "chain_s": {str(k): 3e-4 * k for k in range(1, 7)}}})
+    fields.update(overrides)
+    return CostProfile(**fields)
+
+
+# -- cost profile --------------------------------------------------------------------------------------------------
+def test_cost_profile_json_round_trip(tmp_path):
+    profile = synthetic_profile()
+    path = profile.save(tmp_path / "p.json")
+    loaded = CostProfile.load(path)
+    assert loaded == profile  # integer keys survive the string keys of JSON
+    assert loaded.step_cost(5, tree=False) == pytest.approx((profile.step_s["chain"][4]
+                                                             + profile.step_s["chain"][6]) / 2)
+    assert loaded.step_cost(2, tree=True) == profile.step_s["chain"][2]  # 2 tokens are always a chain
+    with pytest.raises(SpecgraftError, match="measured tokens verified 1..16, not 17"):
+        loaded.step_cost(17, tree=False)
+
+
+def test_cost_profile_with_missing_fields_is_one_error(tmp_path):
+    data = synthetic_profile().to_dict()
+    del data["step_s"], data["dtype"]
+    (tmp_path / "bad.json").write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(SpecgraftError, match=r"lacks dtype, step_s; re-run `specgraft profile`"):
+        CostProfile.load(tmp_path / "bad.json")
+
+
+def test_step_curves_are_made_monotone():
+    from specgraft.eval.cost import monotone
+
+    assert monotone({1: 1.0, 2: 1.6, 4: 1.2, 8: 2.0}) == pytest.approx({1: 1.0, 2: 1.4, 4: 1.4, 8: 2.0})
+    assert monotone({1: 1.0, 3: 2.0}) == {1: 1.0, 3: 2.0}
+
+
+def test_profile_from_another_device_or_target_warns_naming_both():
+    profile = synthetic_profile(device="cuda:0", device_name="NVIDIA H200")
+    other = {**TARGET, "name_or_path": "big", "hidden_size": 4096}
+    warnings = check_profile(profile, other, "cpu", threads=1)
+    assert len(warnings) == 2
+    assert "target tiny but this target is big" in warnings[0] and "hidden_size 64 vs 4096" in warnings[0]
+    assert "measured on cuda:0 (NVIDIA H200, 1 threads) but this run is on cpu" in warnings[1]
+    assert check_profile(synthetic_profile(device_name=profile_device_name()), dict(TARGET), "cpu", 1) == []
+
+
+def profile_device_name() -> str:
+    from specgraft.eval.cost import device_description
+
+    return device_description("cpu")
+
+
+# -- reach rates and simulate ------------------------------------------------------------------------------------
+def tree_report(tmp_path):
+    """A tree run with a known answer: 100 steps, depth 1 accepted 80 times, depth 2 30 times but attempted only
+    40 times (the other 40 accepted depth-1 nodes were leaves). True tau = 1 + 0.8 + 0.3 = 2.1; the conditional
+    product 1 + 0.8 + 0.8 * 0.75 = 2.4 overstates it."""
+    overall = {"acceptance_by_depth": [0.8, 0.75], "depth_accepted": [80, 30], "depth_attempted": [100, 40],
+               "steps": 100, "tau": 2.1, "speedup_ratio_of_totals": 1.2, "draft_cost_per_step": 0.1,
+               "verify_cost_per_step": 1.5, "alpha_exact": None}
+    report = {"drafter": {"type": "medusa", "mode": "tree", "k": 2, "tree_size": 4}, "overall": overall}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report), encoding="utf-8")
+    return path
+
+
+def test_reach_rates():
+    assert reach_rates([80, 30], 100) == [0.8, 0.3]
+    assert reach_rates([], 0) == []
+    with pytest.raises(SpecgraftError):
+        reach_rates([101], 100)
+
+
+def test_simulate_uses_reach_rates_for_trees(tmp_path, capsys):
+    path = tree_report(tmp_path)
+    code = main(["simulate", "--report", str(path), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert data["tau"] == pytest.approx(2.1)  # not 2.4 (the conditional product)
+    assert data["speedup"] == pytest.approx(2.1 / (0.1 + 1.5))
+    assert data["acceptance_by_depth"] == pytest.approx([0.8, 0.3])
+
+
+# -- acceptance recording ----------------------------------------------------------------------------------------
+def test_recorder_counts_depth_rank_and_nodes():
+    # root -> nodes 0 (rank 0), 1 (rank 1); node 0 -> node 2; node 1 -> node 3
+    parents = [-1, -1, 0, 1]
+    rec = AcceptanceRecorder(static_paths=[[0], [1], [0, 0], [1, 0]])
+    rec.reset()
+    rec.record(parents, [1, 3])  # rank-1 child, then its child
+    rec.record(parents, [0])  # rank-0 child, its child rejected
+    rec.record(parents, [])  # nothing accepted
+    assert rec.attempts == [[3, 3], [2]] and rec.accepts == [[1, 1], [1]]
+    assert rec.to_dict()["node_accepted"] == [1, 1, 0, 1]
+    assert rec.to_dict()["node_reach"] == pytest.approx([1 / 3, 1 / 3, 0, 1 / 3])
+    probs = rank_probabilities(rec.to_dict(), prior=[[0.9, 0.5, 0.2]], min_attempts=2)
+    assert probs[0] == pytest.approx([1 / 3, 1 / 3, 0.2])  # the unmeasured rank 2 takes the prior
+    assert probs[1] == pytest.approx([0.5])
+
+
+# -- the optimal tree --------------------------------------------------------------------------------------------
+def all_trees(max_depth: int, max_rank: int, size: int, widths=None):
+    """Every prefix-closed set of ``size`` rank paths (brute force); ``widths[d]`` limits the ranks per depth."""
+    ranks = [range(widths[d] if widths else max_rank) for d in range(max_depth)]
+    universe = [p for d in range(1, max_depth + 1) for p in itertools.product(*ranks[:d])]
+    for combo in itertools.combinations(universe, size):
+        chosen = set(combo)
+        if all(len(p) == 1 or p[:-1] in chosen for p in combo):
+            yield combo
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
+def test_optimal_tree_matches_brute_force(size):
+    # Depth-dependent rates that are NOT monotone in rank at depth 2 (so a greedy by rank would be wrong).
+    probs = [[0.6, 0.25, 0.1], [0.3, 0.5, 0.05], [0.7, 0.1, 0.1]]
+    best = max(tree_value(t, probs) for t in all_trees(3, 3, size))
+    value, paths = optimal_tree(probs, size)
+    assert len(paths) == size and value == pytest.approx(best)
+    assert tree_value(paths, probs) == pytest.approx(value)
+    assert all(len(p) == 1 or p[:-1] in set(paths) for p in paths)
+
+
+def test_optimal_tree_respects_depth_and_rank_limits():
+    probs = [[0.9, 0.8], [0.9, 0.8], [0.9, 0.8]]
+    value, paths = optimal_tree(probs, 3, max_depth=1)
+    assert paths == [(0,), (1,)] and value == pytest.approx(1.7)  # only two depth-1 slots exist
+    _, chain = optimal_tree(probs, 3, max_rank=1)
+    assert chain == [(0,), (0, 0), (0, 0, 0)]
+
+
+# -- choosing --------------------------------------------------------------------------------------------------------
+def test_tune_picks_the_known_best_draft_length():
+    # reach 0.9, 0.8, 0.4, 0.1, ...: speed (1 + sum reach[:k]) / (0.3k + 1 + 0.1k) ms is best at k=2.
+    reach = [0.9, 0.8, 0.4, 0.1, 0.05, 0.01]
+    profile = synthetic_profile()
+    ranked = candidates_for("draft_model", profile, profile.drafters["draft"],
+                            {"reach": reach, "drafter": {"mode": "chain"}, "statistics": None})
+    speeds = {k: (1 + sum(reach[:k])) / (3e-4 * k + 1e-3 * (1 + 0.1 * k)) for k in range(1, 7)}
+    assert ranked[0].setting == {"mode": "chain", "k": max(speeds, key=speeds.get)} == {"mode": "chain", "k": 2}
+    assert ranked[0].tokens_per_s == pytest.approx(speeds[2])
+    assert ranked[0].speedup == pytest.approx(speeds[2] * 1e-3)
+    assert [c.setting["k"] for c in ranked] == sorted(speeds, key=speeds.get, reverse=True)
+    assert len(draft_model_candidates(profile, profile.drafters["draft"], reach[:3])) == 3  # no extrapolation
+
+
+def test_tune_medusa_trades_tree_size_for_verify_cost():
+    stats = {"rank_attempts": [[100, 100, 100], [80, 80], [60]], "rank_accepts": [[60, 20, 5], [48, 8], [30]]}
+    # A call costs 0.1 ms per head plus 0.01 ms per node (measured at 1 and 31 nodes, linear between).
+    per_call = {str(h): {str(n): 1e-4 * h + 1e-5 * n for n in (1, 31)} for h in (1, 2, 3)}
+    profile = synthetic_profile(drafters={"m": {"kind": "medusa", "per_call_s": per_call}})
+    calibration = {"reach": [], "statistics": stats, "drafter": {}}
+    ranked = candidates_for("medusa", profile, profile.drafters["m"], calibration)
+    best = ranked[0]
+    # Brute force over every tree (up to all 15 nodes with a measured rate) with the same cost model.
+    probs = rank_probabilities(stats)
+
+    def speed(tree) -> float:
+        depth = max(len(p) for p in tree)
+        chain = all(r == 0 for p in tree for r in p) and len(tree) == depth
+        draft = 1e-4 * depth + 1e-5 * len(tree)
+        return (1 + tree_value(tree, probs)) / (draft + profile.step_cost(len(tree) + 1, tree=not chain))
+
+    brute = max(speed(t) for n in range(1, 16) for t in all_trees(3, 3, n, widths=[3, 2, 1]))
+    assert best.tokens_per_s == pytest.approx(brute)
+    again = predict_setting("medusa", best.setting, profile, profile.drafters["m"], calibration)
+    assert isinstance(again, Candidate) and again.tokens_per_s == pytest.approx(best.tokens_per_s)
+
+
+def test_calibration_report_with_missing_fields_is_one_error():
+    with pytest.raises(SpecgraftError, match=r"lacks overall.steps, overall.depth_accepted; re-run"):
+        calibration_numbers({"overall": {"tau": 2.0}}, "r.json")
+    with pytest.raises(SpecgraftError, match="verified no drafts"):
+        calibration_numbers({"overall": {"steps": 0, "depth_accepted": []}}, "r.json")
+
+
+# -- end to end on a tiny target ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def disk(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tune")
+    tok = tiny_tokenizer()
+    target = tiny_model("llama")
+    target.save_pretrained(root / "target")
+    tok.save_pretrained(root / "target")
+    from specgraft.heads.medusa import MedusaConfig, MedusaHead
+
+    wrapped = Target(target, tok, name_or_path=str(root / "target"))
+    MedusaHead.build(wrapped, MedusaConfig(num_heads=2, hidden_size=64, vocab_size=320)).save_pretrained(
+        root / "medusa")
+    (root / "q.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS), encoding="utf-8")
+    (root / "empty.jsonl").write_text("", encoding="utf-8")
+    return root
+
+
+def cli(args, capsys):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_profile_tune_eval_export_end_to_end(disk, tmp_path, capsys):
+    profile = tmp_path / "profile.json"
+    code, out, err = cli(["profile", "--target", disk / "target", "--head", disk / "medusa", "--out", profile,
+                          "--kv-length", "16", "--token-counts", "1,2,3,4,8,16,24,32,48,64", "--repeats", "1"],
+                         capsys)
+    assert code == 0, err
+    data = json.loads(profile.read_text(encoding="utf-8"))
+    assert set(data["step_s"]) == {"chain", "tree"} and "64" in data["step_s"]["tree"]
+    per_call = data["drafters"][str(disk / "medusa")]["per_call_s"]
+    assert per_call.keys() == {"1", "2"} and set(per_call["2"]) == {"3", "7", "15", "31", "63"}
+    assert data["target"]["hidden_size"] == 64 and data["threads"] >= 1
+
+    head = tmp_path / "medusa"
+    import shutil
+
+    shutil.copytree(disk / "medusa", head)
+    code, out, err = cli(["tune", "--target", disk / "target", "--head", head, "--prompts", disk / "q.jsonl",
+                          "--cost-profile", profile, "--max-new-tokens", "8", "--out", tmp_path / "tune"], capsys)
+    assert code == 0, err
+    tuned = json.loads((head / "tuned.json").read_text(encoding="utf-8"))
+    assert tuned["kind"] == "medusa" and tuned["device"]["device"] == "cpu"
+    assert set(tuned["measured"]) == {"tuned", "default"} and tuned["setting"]["paths"]
+    assert "predicted" in out and "measured" in out
+    calibration = json.loads((tmp_path / "tune" / "calibration" / "report.json").read_text(encoding="utf-8"))
+    stats = calibration["acceptance_statistics"]
+    assert len(stats["node_reach"]) == 63 and stats["verdicts"] > 0
+    overall = calibration["overall"]
+    # reach rates are the unconditional depth counts: tau = 1 + sum(reach) exactly
+    assert overall["tau"] == pytest.approx(1 + sum(overall["reach_by_depth"]))
+
+    # eval uses tuned.json by default, and an explicit flag wins
+    code, _, err = cli(["eval", "--target", disk / "target", "--head", head, "--prompts", disk / "q.jsonl",
+                        "--out", tmp_path / "e1", "--max-new-tokens", "4", "--no-progress"], capsys)
+    assert code == 0, err
+    drafter = json.loads((tmp_path / "e1" / "report.json").read_text(encoding="utf-8"))["drafter"]
+    assert drafter["setting_source"].startswith("tuned (") and drafter["tree_size"] == tuned["setting"]["tree_size"]
+    code, _, err = cli(["eval", "--target", disk / "target", "--head", head, "--prompts", disk / "q.jsonl",
+                        "--out", tmp_path / "e2", "--max-new-tokens", "4", "--no-progress", "--tree-size", "5"],
+                       capsys)
+    drafter = json.loads((tmp_path / "e2" / "report.json").read_text(encoding="utf-8"))["drafter"]
+    assert code == 0 and drafter["setting_source"] == "flags" and drafter["tree_size"] == 5
+
+    # exports carry the tuned setting: TRT-LLM medusa_choices, vLLM num_speculative_tokens in the card
+    from specgraft.export.exporter import export_head
+
+    result = export_head(head, "trtllm", tmp_path / "x", report=tmp_path / "e1")
+    config = json.loads((result.path / "config.json").read_text(encoding="utf-8"))
+    assert config["medusa_choices"] == tuned["setting"]["paths"]
+    card = (result.path / "README.md").read_text(encoding="utf-8")
+    depth = tuned["setting"]["depth"]
+    assert "Chosen by `specgraft tune` on cpu" in card and f'"num_speculative_tokens": {depth}' in card
+    meta = json.loads((result.path / "specgraft_export.json").read_text(encoding="utf-8"))
+    assert meta["tuned"]["engines"]["vllm"]["num_speculative_tokens"] == depth
+
+    # simulate predicts the calibration's setting on the profile's device
+    code, out, err = cli(["simulate", "--report", tmp_path / "tune" / "calibration", "--cost-profile", profile,
+                          "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["tau"] == pytest.approx(overall["tau"], rel=0.05)
+
+
+@pytest.mark.parametrize("case", ["no_prompts", "empty_prompts", "bad_calibration", "tree_over_context",
+                                  "bad_profile", "profile_needs_report"])
+def test_bad_input_exits_2_with_one_error_line(disk, tmp_path, capsys, case):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"overall": {"tau": 2.0}}), encoding="utf-8")
+    base = ["tune", "--target", disk / "target", "--head", disk / "medusa"]
+    args, fragment = {
+        "no_prompts": (base, "tuning needs calibration prompts"),
+        "empty_prompts": (base + ["--prompts", disk / "empty.jsonl"], "prompt"),
+        "bad_calibration": (base + ["--prompts", disk / "q.jsonl", "--calibration", bad],
+                            "lacks overall.steps, overall.depth_accepted"),
+        "tree_over_context": (["profile", "--target", disk / "target", "--out", tmp_path / "p.json",
+                               "--kv-length", "100000"], "but the target's context is"),
+        "bad_profile": (base + ["--prompts", disk / "q.jsonl", "--cost-profile", bad], "lacks version"),
+        "profile_needs_report": (["simulate", "--alpha", "0.5", "--draft-length", "2", "--cost-profile", bad],
+                                 "pass --report too"),
+    }[case]
+    code, out, err = cli(args, capsys)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and fragment in errors[0] and "Traceback" not in err, err
+    assert not (tmp_path / "p.json").exists() and not (disk / "medusa" / "tuned.json").exists()
+
+
+def test_draft_model_cost_charges_the_expected_catch_up():
+    from specgraft.eval.tune import draft_model_cost
+
+    drafter = {"kind": "draft_model", "chain_s": {"2": 1e-3}, "catchup_s": {"1": 1e-4, "2": 2e-4, "3": 4e-4}}
+    # 1.5 accepted drafts + the bonus = 2.5 tokens to catch up on: 3e-4 by interpolation, 1e-4 already in chain_s
+    assert draft_model_cost(drafter, 2, 1.5) == pytest.approx(1e-3 + 3e-4 - 1e-4)
+    assert draft_model_cost({"kind": "draft_model", "chain_s": {"2": 1e-3}}, 2, 1.5) == pytest.approx(1e-3)
