@@ -217,7 +217,7 @@ def test_a_cut_off_array_is_parsed_once_and_again_after_a_change(tmp_path, to_sh
     path.write_text(text[:position], encoding="utf-8")
     cache = tmp_path / "cache"
     load_records(path, cache_dir=cache)
-    (salvaged,) = (cache / "salvaged").glob("*.jsonl")
+    (salvaged,) = cache.rglob("salvaged/*.jsonl")  # under the source's content-keyed cache folder
     stamp = salvaged.stat().st_mtime_ns
     with caplog.at_level(logging.WARNING):
         again = load_records(path, cache_dir=cache)
@@ -225,7 +225,7 @@ def test_a_cut_off_array_is_parsed_once_and_again_after_a_change(tmp_path, to_sh
     assert _messages(again) == conversations[:2]
     path.write_text(text[: _cut_points(text)["before-the-bracket"][0]], encoding="utf-8")
     assert _messages(load_records(path, cache_dir=cache)) == conversations
-    assert len(list((cache / "salvaged").glob("*.jsonl"))) == 2
+    assert len(list(cache.rglob("salvaged/*.jsonl"))) == 2
 
 
 @pytest.mark.parametrize("closed", [True, False], ids=["closed-array", "cut-off-array"])
