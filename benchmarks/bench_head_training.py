@@ -9,8 +9,9 @@ Two configurations, random weights (nothing is downloaded), fp32 on CPU:
   vocabulary is the default min(32000, V). Here FLOPs and the vocabulary-sized logits dominate, not Python.
 
 Both: 3 Medusa heads / 3 EAGLE-3 training-time-test steps, 1 draft layer. It runs our real trainer (``HeadTrainer``:
-target forward, head loss, backward, clipping, AdamW, scheduler), each (algorithm, features) in a fresh subprocess
-so the peak RSS is that configuration's, and reports target tokens per second after the first step.
+target forward, head loss, backward, clipping, AdamW, scheduler) and reports target tokens per second after the
+first step and the peak RSS; with several configurations each (algorithm, features) runs in a fresh subprocess, so
+the peak RSS is that configuration's (a single one runs in this process).
 
 ``--loss-memory`` instead measures the head loss alone (``training_loss`` forward + backward on one batch, target
 features computed beforehand): its time and its peak RSS above the RSS just before it (Linux: the peak is reset
@@ -197,26 +198,32 @@ def main() -> None:
 
     print(f"size {args.size} {asdict(size)}, {args.threads} thread(s), torch {torch.__version__}")
     rows = []
-    for algorithm in args.algorithms:
-        for features in (["online"] if args.loss_memory else args.features):
-            row = {"size": args.size, "algorithm": algorithm, "features": features, **run_child(args, algorithm,
-                                                                                               features)}
-            if args.loss_memory:
-                line = f"{algorithm:<8} head loss fwd+bwd {row['head_seconds']:6.2f} s  " \
-                       f"peak +{row['head_peak_mib']:6.0f} MiB"
-                if "vocab_seconds" in row:
-                    line += f"   vocabulary part (TTT outputs given) {row['vocab_seconds']:6.2f} s  " \
-                            f"peak +{row['vocab_peak_mib']:6.0f} MiB"
-                print(line, flush=True)
-            else:
-                line = f"{algorithm:<8} {features:<8} {row['tokens_per_s']:>11,.0f} tok/s  peak RSS " \
-                       f"{row['peak_rss_mib']:>7.0f} MiB"
-                for name, peer_tokens_per_s in args.peer:
-                    row.setdefault("peers", {})[name] = {"tokens_per_s": peer_tokens_per_s,
-                                                         "ratio": row["tokens_per_s"] / peer_tokens_per_s}
-                    line += f"  {row['tokens_per_s'] / peer_tokens_per_s:.2f}x {name} ({peer_tokens_per_s:,.0f})"
-                print(line, flush=True)
-            rows.append(row)
+    configurations = [(a, f) for a in args.algorithms for f in (["online"] if args.loss_memory else args.features)]
+    for algorithm, features in configurations:
+        if len(configurations) == 1:
+            # In this process (its peak RSS is this configuration's); the side-by-side harness times the optimizer
+            # steps of the process it starts.
+            measured = measure_loss(algorithm, size) if args.loss_memory else \
+                measure_training(algorithm, features, size, args.steps)
+        else:
+            measured = run_child(args, algorithm, features)
+        row = {"size": args.size, "algorithm": algorithm, "features": features, **measured}
+        if args.loss_memory:
+            line = f"{algorithm:<8} head loss fwd+bwd {row['head_seconds']:6.2f} s  " \
+                   f"peak +{row['head_peak_mib']:6.0f} MiB"
+            if "vocab_seconds" in row:
+                line += f"   vocabulary part (TTT outputs given) {row['vocab_seconds']:6.2f} s  " \
+                        f"peak +{row['vocab_peak_mib']:6.0f} MiB"
+            print(line, flush=True)
+        else:
+            line = f"{algorithm:<8} {features:<8} {row['tokens_per_s']:>11,.0f} tok/s  peak RSS " \
+                   f"{row['peak_rss_mib']:>7.0f} MiB"
+            for name, peer_tokens_per_s in args.peer:
+                row.setdefault("peers", {})[name] = {"tokens_per_s": peer_tokens_per_s,
+                                                     "ratio": row["tokens_per_s"] / peer_tokens_per_s}
+                line += f"  {row['tokens_per_s'] / peer_tokens_per_s:.2f}x {name} ({peer_tokens_per_s:,.0f})"
+            print(line, flush=True)
+        rows.append(row)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 
