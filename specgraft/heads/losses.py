@@ -129,17 +129,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     rows = rows.index_select(-1, target_columns)
                 probs = torch.softmax(rows.float(), dim=-1)  # [n, V]
                 total += -(probs * logp).sum()
-                ref = probs.argmax(-1)  # [n]: the target's top-1 (softmax keeps the order)
+                ref = probs.argmax(-1) if rank is not None else None  # [n]: the target's top-1
             if rank is not None:
                 rank[start:end] = (logits > logits.gather(-1, ref.unsqueeze(-1))).sum(-1, dtype=torch.int32)
             if not (need_hidden or need_weight or need_bias):
                 continue
-            # d/dlogits of -sum_v p_v log softmax(z)_v is softmax(z) * sum(p) - p (hard labels: p one-hot).
+            # d/dlogits of -sum_v p_v log softmax(z)_v is softmax(z) * sum(p) - p = softmax(z) - p, p being a
+            # distribution (hard labels: p one-hot).
             grad_logits = logp.exp_()  # [n, V], reusing logp's memory
             if probs is None:
                 grad_logits.scatter_add_(-1, ref.unsqueeze(-1), grad_logits.new_full((end - start, 1), -1.0))
             else:
-                grad_logits.mul_(probs.sum(-1, keepdim=True)).sub_(probs)
+                grad_logits.sub_(probs)
             grad_logits = grad_logits.to(weight.dtype)
             if need_hidden:
                 grad_hidden[start:end] = grad_logits @ weight.to(grad_logits.dtype)
