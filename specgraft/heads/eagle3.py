@@ -51,7 +51,7 @@ from specgraft.heads.eagle_layers import (
     draft_layer_config,
     register_eagle_attention,
 )
-from specgraft.heads.losses import decayed_sum, masked_mean
+from specgraft.heads.losses import decayed_sum, linear_cross_entropy, masked_mean
 from specgraft.target import Target, TargetOutput
 
 logger = logging.getLogger(__name__)
@@ -251,8 +251,9 @@ class Eagle3Head(EagleHeadBase):
         return [self.lm_head(self.norm(out)) for out in self.ttt_outputs(batch, target_out, steps)]
 
     def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput) -> HeadLoss:
-        """:func:`eagle3_ttt_loss`, computed on the scored rows only (the lm_head and the soft cross-entropy run on
-        the rows that count, without materialising shifted copies of the target distribution)."""
+        """:func:`eagle3_ttt_loss`, computed on the scored rows only and chunk by chunk over them
+        (:func:`~specgraft.heads.losses.linear_cross_entropy`): the draft lm_head, the target distribution restricted
+        to the draft vocabulary and the soft cross-entropy are never materialised as [tokens, vocab] tensors."""
         target_logits = target_out.logits
         if target_logits is None:
             last = target_out.hidden_states.get(self.target.num_layers)
@@ -262,16 +263,16 @@ class Eagle3Head(EagleHeadBase):
             target_logits = self.target.logits_from_hidden(last)  # the post-norm last layer feeds the lm_head
         outputs = self.ttt_outputs(batch, target_out)
         labels = _label_positions(batch)  # [B, T]
-        seq_len = labels.shape[1]
+        batch_size, seq_len = labels.shape
         with torch.no_grad():
-            full = target_logits.float()  # [B, T, V]
+            flat_target = target_logits.detach().reshape(batch_size * seq_len, -1)  # [B*T, V]
             if self.config.draft_vocab_size == self.target.vocab_size:
-                restricted, in_vocab = full, None  # the draft vocab is the target vocab (d2t = 0)
+                columns, in_vocab = None, None  # the draft vocab is the target vocab (d2t = 0)
             else:
-                restricted = full.index_select(-1, self.draft_token_ids().to(full.device))  # [B, T, Vd]
-                in_vocab = restricted.amax(-1) >= full.amax(-1)  # [B, T] target top-1 inside the draft vocab
-            target_probs = torch.softmax(restricted, dim=-1)  # [B, T, Vd]
-            target_top1 = restricted.argmax(-1, keepdim=True)  # [B, T, 1] draft id of the target's top-1
+                columns = self.draft_token_ids().to(flat_target.device)  # [Vd] target id of each draft id
+                in_vocab = self.t2d[target_logits.argmax(-1)]  # [B, T] target top-1 inside the draft vocab
+            # [B, T] row of flat_target holding (b, t)
+            flat_index = torch.arange(batch_size * seq_len, device=labels.device).view(batch_size, seq_len)
         total = None
         metrics: dict[str, torch.Tensor] = {}
         for s, out in enumerate(outputs):
@@ -280,18 +281,18 @@ class Eagle3Head(EagleHeadBase):
             scored = labels[:, s + 2 :]  # [B, L]
             if in_vocab is not None:
                 scored = scored & in_vocab[:, s + 1 : s + 1 + length]
-            logits = self.lm_head(self.norm(out[:, :length][scored]))  # [N, Vd]
-            probs = target_probs[:, s + 1 : s + 1 + length][scored]  # [N, Vd]
-            ce = -(probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)  # [N]
-            count = max(ce.numel(), 1)
-            step_loss = ce.sum() / count
+            rows = self.norm(out[:, :length][scored])  # [N, h]
+            ce_sum, rank = linear_cross_entropy(
+                rows, self.lm_head.weight, target_logits=flat_target,
+                target_rows=flat_index[:, s + 1 : s + 1 + length][scored], target_columns=columns,
+                with_rank=self.metrics_enabled)
+            count = max(rows.shape[0], 1)
+            step_loss = ce_sum / count
             term = (self.config.loss_decay ** s) * step_loss
             total = term if total is None else total + term
-            with torch.no_grad():
-                best = target_top1[:, s + 1 : s + 1 + length][scored]  # [N, 1]
-                hit = logits.gather(-1, best) >= logits.amax(-1, keepdim=True)
-                metrics[f"loss/step{s}"] = step_loss.detach()
-                metrics[f"top1/step{s}"] = hit.float().sum() / count
+            metrics[f"loss/step{s}"] = step_loss.detach()
+            if rank is not None:  # top-1 hit: the draft's top-1 is the target's (restricted) top-1
+                metrics[f"top1/step{s}"] = (rank == 0).sum().float() / count
         assert total is not None  # ttt_steps >= 1 (validated)
         return HeadLoss(loss=total, metrics=metrics)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,3 +49,114 @@ def decayed_sum(losses: Sequence[torch.Tensor], decay: float, what: str) -> torc
         term = (decay ** k) * loss
         total = term if total is None else total + term
     return total
+
+
+#: Elements (rows x vocabulary) of the fp32 logits one chunk of :func:`linear_cross_entropy` materialises: 2**23
+#: is 32 MiB, e.g. 256 rows of a 32k draft vocabulary, large enough that the chunk's matmuls stay efficient.
+LOGITS_CHUNK_ELEMENTS = 1 << 23
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    labels: torch.Tensor | None = None,
+    target_logits: torch.Tensor | None = None,
+    target_rows: torch.Tensor | None = None,
+    target_columns: torch.Tensor | None = None,
+    with_rank: bool = False,
+    chunk_elements: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Summed cross-entropy of ``logits = hidden @ weight.T + bias`` without holding [N, V] fp32 logits.
+
+    The logits are computed ``chunk_elements // V`` rows at a time, and each chunk's gradients (w.r.t. ``hidden``,
+    ``weight`` and ``bias``) are computed right there in the forward, so nothing vocabulary-sized outlives its chunk
+    and the backward only scales the stored gradients. Equal (to float rounding) to the plain
+    ``F.cross_entropy(logits, labels, reduction="sum")`` or ``-(p * log_softmax(logits)).sum()``.
+
+    Args:
+        hidden: [N, h] rows to project (gradients flow to it).
+        weight: [V, h] the projection (an lm_head's weight); bias: [V] or None.
+        labels: [N] target ids (hard cross-entropy); exactly one of ``labels`` and ``target_logits``.
+        target_logits: [M, V'] logits of the target distribution (soft cross-entropy, no gradient): row
+            ``target_rows[n]`` (default n) holds row n's, restricted to the columns ``target_columns`` [V] (default
+            all) and renormalised, i.e. ``p = softmax(target_logits[target_rows][:, target_columns])``.
+        with_rank: also return, per row, how many logits are strictly greater than the logit of the label (hard) or
+            of the target's top-1 (soft): 0 means a top-1 hit (no gradient; costs one comparison per chunk).
+        chunk_elements: the rows x V budget of one chunk (default :data:`LOGITS_CHUNK_ELEMENTS`).
+
+    Returns:
+        (the scalar fp32 loss sum, the [N] int32 ranks or None).
+    """
+    if (labels is None) == (target_logits is None):
+        raise ValueError("linear_cross_entropy needs exactly one of labels and target_logits")
+    grad_enabled = torch.is_grad_enabled()
+    needs = tuple(grad_enabled and t is not None and t.requires_grad for t in (hidden, weight, bias))
+    budget = LOGITS_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
+    rows_per_chunk = max(1, budget // max(weight.shape[0], 1))
+    return _LinearCrossEntropy.apply(hidden, weight, bias, labels, target_logits, target_rows, target_columns,
+                                     with_rank, rows_per_chunk, needs)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Chunked projection + cross-entropy with the gradients computed in the forward (see linear_cross_entropy)."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                labels: torch.Tensor | None, target_logits: torch.Tensor | None, target_rows: torch.Tensor | None,
+                target_columns: torch.Tensor | None, with_rank: bool, rows_per_chunk: int,
+                needs: tuple[bool, bool, bool]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        need_hidden, need_weight, need_bias = needs
+        num_rows = hidden.shape[0]
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        rank = torch.empty(num_rows, dtype=torch.int32, device=hidden.device) if with_rank else None
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None
+        for start in range(0, num_rows, rows_per_chunk):
+            end = min(start + rows_per_chunk, num_rows)
+            x = hidden[start:end]  # [n, h]
+            logits = F.linear(x, weight, bias).float()  # [n, V]
+            logp = torch.log_softmax(logits, dim=-1)  # [n, V]
+            if labels is not None:
+                ref = labels[start:end]  # [n]
+                total += -logp.gather(-1, ref.unsqueeze(-1)).sum()
+                probs = None
+            else:
+                rows = target_logits[start:end] if target_rows is None else target_logits[target_rows[start:end]]
+                if target_columns is not None:
+                    rows = rows.index_select(-1, target_columns)
+                probs = torch.softmax(rows.float(), dim=-1)  # [n, V]
+                total += -(probs * logp).sum()
+                ref = probs.argmax(-1) if rank is not None else None  # [n]: the target's top-1
+            if rank is not None:
+                rank[start:end] = (logits > logits.gather(-1, ref.unsqueeze(-1))).sum(-1, dtype=torch.int32)
+            if not (need_hidden or need_weight or need_bias):
+                continue
+            # d/dlogits of -sum_v p_v log softmax(z)_v is softmax(z) * sum(p) - p = softmax(z) - p, p being a
+            # distribution (hard labels: p one-hot).
+            grad_logits = logp.exp_()  # [n, V], reusing logp's memory
+            if probs is None:
+                grad_logits.scatter_add_(-1, ref.unsqueeze(-1), grad_logits.new_full((end - start, 1), -1.0))
+            else:
+                grad_logits.sub_(probs)
+            grad_logits = grad_logits.to(weight.dtype)
+            if need_hidden:
+                grad_hidden[start:end] = grad_logits @ weight.to(grad_logits.dtype)
+            if need_weight:
+                grad_weight.addmm_(grad_logits.t(), x.to(grad_logits.dtype))
+            if need_bias:
+                grad_bias += grad_logits.sum(0)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        if rank is not None:
+            ctx.mark_non_differentiable(rank)
+        return total, rank
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_total: torch.Tensor, _grad_rank: Any) -> tuple[torch.Tensor | None, ...]:
+        stored = ctx.saved_tensors
+        grads = [None if g is None else (g * grad_total).to(dtype) for g, dtype in zip(stored, ctx.dtypes)]
+        return (*grads, None, None, None, None, None, None, None)

@@ -24,7 +24,7 @@ from torch import nn
 
 from specgraft.errors import SpecgraftError
 from specgraft.heads.base import DraftHead, HeadLoss, register_head
-from specgraft.heads.losses import decayed_sum
+from specgraft.heads.losses import decayed_sum, linear_cross_entropy
 from specgraft.target import Target, TargetOutput
 
 
@@ -185,6 +185,14 @@ class MedusaHead(DraftHead):
             logits = torch.tanh(logits / self._softcap) * self._softcap
         return logits
 
+    def _plain_projection(self, k: int) -> nn.Linear | None:
+        """Head ``k``'s vocabulary projection when its logits are a plain linear map of the block's output (no
+        soft-capping), so the loss can be computed chunk by chunk; None otherwise."""
+        if self._softcap:
+            return None
+        projection = self.target.output_head if self.lm_heads is None else self.lm_heads[k]
+        return projection if type(projection) is nn.Linear else None
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[B, T, h] last hidden states -> [K, B, T, V] logits (head k predicts position t + k + 2)."""
         return torch.stack([self.head_logits(hidden, k) for k in range(self.num_heads)])
@@ -215,14 +223,23 @@ class MedusaHead(DraftHead):
                 rows = hidden.new_zeros((0, hidden.shape[-1]))
                 labels = input_ids.new_zeros((0,))
             count = labels.numel()
-            logits = self.head_logits(rows, k)  # [N, V]
-            ce_sum = _CrossEntropySum.apply(logits.float(), labels)
+            projection = self._plain_projection(k)
+            if projection is not None:  # chunked over the rows: no [N, V] logits kept for the backward
+                x = self.blocks[k](rows).to(projection.weight.dtype)  # [N, h]
+                ce_sum, rank = linear_cross_entropy(x, projection.weight, projection.bias, labels=labels,
+                                                    with_rank=self.metrics_enabled)
+            else:
+                logits = self.head_logits(rows, k)  # [N, V]
+                ce_sum = _CrossEntropySum.apply(logits.float(), labels)
+                rank = None
+                if self.metrics_enabled:
+                    with torch.no_grad():
+                        rank = _label_rank(logits, labels)  # [N]
             ce = ce_sum / max(count, 1)
             total = total + (self.config.loss_decay ** k) * ce
             metrics[f"loss/head{k}"] = ce.detach()
-            if self.metrics_enabled:  # a rank over the vocabulary costs about as much as the loss itself
+            if rank is not None:  # a rank over the vocabulary costs about as much as the loss itself
                 with torch.no_grad():
-                    rank = _label_rank(logits, labels)  # [N]
                     denom = max(count, 1)
                     metrics[f"top1/head{k}"] = (rank < 1).sum().float() / denom
                     metrics[f"top5/head{k}"] = (rank < 5).sum().float() / denom

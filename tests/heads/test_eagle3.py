@@ -115,6 +115,30 @@ def test_training_loss_equals_the_reference_loss(tiny_llama):
         head.training_loss(batch, TargetOutput(logits=None, hidden_states=out.hidden_states))
 
 
+@pytest.mark.parametrize("draft_vocab_size", [150, None])  # a reduced draft vocabulary and the full one
+def test_training_loss_gradients_equal_the_reference_loss_gradients(tiny_llama, monkeypatch, draft_vocab_size):
+    """The chunked fast path (small chunks, so several per step) gives the reference loss's gradients for every
+    trainable parameter, the lm_head's included."""
+    import specgraft.heads.losses as losses
+
+    monkeypatch.setattr(losses, "LOGITS_CHUNK_ELEMENTS", 5 * 150)  # 5 rows of 150 per chunk (1 row of 512)
+    target = Target(tiny_llama)
+    head = _head(target, counts=_counts(target.vocab_size), ttt_steps=3, draft_vocab_size=draft_vocab_size).eval()
+    batch = _batch()
+    out = target(batch["input_ids"], batch["attention_mask"], layers=head.required_layers(), logits=True)
+    params = [p for p in head.parameters() if p.requires_grad]
+    got = head.training_loss(batch, out)
+    got_grads = torch.autograd.grad(got.loss, params)
+    ref, _ = eagle3_ttt_loss(head.ttt_logits(batch, out), out.logits, batch["loss_mask"], head.d2t, head.t2d,
+                             decay=0.8)
+    ref_grads = torch.autograd.grad(ref, params)
+    torch.testing.assert_close(got.loss, ref, rtol=1e-5, atol=1e-6)
+    names = [n for n, p in head.named_parameters() if p.requires_grad]
+    assert "lm_head.weight" in names
+    for name, g, r in zip(names, got_grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_parameter_names_and_shapes_follow_the_serving_layout(tiny_llama):
     target = Target(tiny_llama)
     h = target.hidden_size

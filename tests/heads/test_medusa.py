@@ -190,7 +190,12 @@ def test_fused_cross_entropy_matches_torch(rows):
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2"])
 @pytest.mark.parametrize("share", [False, True])
-def test_training_loss_matches_reference_loss_and_gradients(arch, share):
+@pytest.mark.parametrize("rows_per_chunk", [None, 4])  # llama's chunked loss: one chunk, and 4 rows per chunk
+def test_training_loss_matches_reference_loss_and_gradients(arch, share, rows_per_chunk, monkeypatch):
+    import specgraft.heads.losses as losses
+
+    if rows_per_chunk is not None:
+        monkeypatch.setattr(losses, "LOGITS_CHUNK_ELEMENTS", rows_per_chunk * tiny_model(arch).config.vocab_size)
     torch.manual_seed(1)
     target = Target(tiny_model(arch))
     head = make_head(target, share_lm_head=share)
@@ -275,13 +280,8 @@ def test_training_loss_uses_flattened_masked_rows_only(monkeypatch):
     loss_mask = torch.zeros_like(ids)
     loss_mask[:, 6:] = 1
     seen = []
-    original = head.head_logits
-
-    def spy(hidden, k):
-        seen.append((k, tuple(hidden.shape)))
-        return original(hidden, k)
-
-    monkeypatch.setattr(head, "head_logits", spy)
+    for k, block in enumerate(head.blocks):  # every row a head projects first goes through its block
+        block.register_forward_pre_hook(lambda _module, args, k=k: seen.append((k, tuple(args[0].shape))))
     out = target.forward(ids, layers=head.required_layers(), logits=False)
     head.training_loss(batch_for(ids, loss_mask), out)
     # head 0: labels at 6..9 -> 4 rows per sequence; head 1: labels at 6..9 from t = 3..6 -> 4 rows.

@@ -1,0 +1,94 @@
+"""The chunked projection + cross-entropy equals the plain one, value and gradients, whatever the chunking."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specgraft.heads.losses import linear_cross_entropy
+
+ROWS, HIDDEN, VOCAB, TARGET_ROWS, TARGET_VOCAB = 37, 8, 50, 60, 80
+
+
+def _inputs(bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(ROWS, HIDDEN, generator=g, requires_grad=True)
+    weight = torch.randn(VOCAB, HIDDEN, generator=g, requires_grad=True)
+    b = torch.randn(VOCAB, generator=g, requires_grad=True) if bias else None
+    return hidden, weight, b
+
+
+def _rank(logits: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    return (logits > logits.gather(-1, ref.unsqueeze(-1))).sum(-1).to(torch.int32)
+
+
+# One chunk holding every row, 3 rows per chunk (13 chunks, the last one short), and one row per chunk.
+CHUNKINGS = [1 << 23, 3 * VOCAB, 1]
+
+
+@pytest.mark.parametrize("chunk_elements", CHUNKINGS)
+@pytest.mark.parametrize("bias", [False, True])
+def test_hard_labels_equal_plain_cross_entropy_and_its_gradients(chunk_elements, bias):
+    hidden, weight, b = _inputs(bias)
+    labels = torch.randint(0, VOCAB, (ROWS,), generator=torch.Generator().manual_seed(1))
+    params = [t for t in (hidden, weight, b) if t is not None]
+    got, rank = linear_cross_entropy(hidden, weight, b, labels=labels, with_rank=True, chunk_elements=chunk_elements)
+    got_grads = torch.autograd.grad(2.5 * got, params)  # a non-unit upstream gradient scales the stored ones
+    logits = F.linear(hidden, weight, b)
+    ref = F.cross_entropy(logits, labels, reduction="sum")
+    ref_grads = torch.autograd.grad(2.5 * ref, params)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-5)
+    for g, r in zip(got_grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+    assert torch.equal(rank, _rank(logits.detach(), labels))
+
+
+@pytest.mark.parametrize("chunk_elements", CHUNKINGS)
+def test_soft_targets_on_selected_rows_and_columns_equal_the_plain_soft_cross_entropy(chunk_elements):
+    hidden, weight, _ = _inputs(False)
+    g = torch.Generator().manual_seed(2)
+    target_logits = torch.randn(TARGET_ROWS, TARGET_VOCAB, generator=g)
+    rows = torch.randint(0, TARGET_ROWS, (ROWS,), generator=g)
+    columns = torch.randperm(TARGET_VOCAB, generator=g)[:VOCAB]
+    got, rank = linear_cross_entropy(hidden, weight, target_logits=target_logits, target_rows=rows,
+                                     target_columns=columns, with_rank=True, chunk_elements=chunk_elements)
+    got_grads = torch.autograd.grad(got, (hidden, weight))
+    probs = torch.softmax(target_logits[rows][:, columns], dim=-1)  # [N, V] the restricted target distribution
+    logits = F.linear(hidden, weight)
+    ref = -(probs * torch.log_softmax(logits, dim=-1)).sum()
+    ref_grads = torch.autograd.grad(ref, (hidden, weight))
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-5)
+    for g_, r in zip(got_grads, ref_grads):
+        torch.testing.assert_close(g_, r, rtol=1e-5, atol=1e-5)
+    assert torch.equal(rank, _rank(logits.detach(), probs.argmax(-1)))
+
+
+def test_soft_targets_default_to_all_rows_and_columns():
+    hidden, weight, _ = _inputs(False)
+    target_logits = torch.randn(ROWS, VOCAB, generator=torch.Generator().manual_seed(3))
+    got, rank = linear_cross_entropy(hidden, weight, target_logits=target_logits, chunk_elements=2 * VOCAB)
+    ref = -(torch.softmax(target_logits, -1) * torch.log_softmax(F.linear(hidden, weight), -1)).sum()
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-5)
+    assert rank is None
+
+
+def test_no_gradient_work_without_grad_and_empty_rows_give_zero():
+    hidden, weight, _ = _inputs(False)
+    labels = torch.zeros(ROWS, dtype=torch.long)
+    with torch.no_grad():
+        loss, _ = linear_cross_entropy(hidden, weight, labels=labels)
+    assert not loss.requires_grad
+    empty, rank = linear_cross_entropy(hidden[:0], weight, labels=labels[:0], with_rank=True)
+    assert empty.item() == 0.0 and rank.shape == (0,)
+    (grad_weight,) = torch.autograd.grad(empty, (weight,))
+    assert torch.count_nonzero(grad_weight) == 0
+
+
+def test_needs_exactly_one_kind_of_target():
+    hidden, weight, _ = _inputs(False)
+    with pytest.raises(ValueError, match="exactly one"):
+        linear_cross_entropy(hidden, weight)
+    with pytest.raises(ValueError, match="exactly one"):
+        linear_cross_entropy(hidden, weight, labels=torch.zeros(ROWS, dtype=torch.long),
+                             target_logits=torch.zeros(ROWS, VOCAB))
