@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError, TargetMismatchError
+from specgraft.utils.args import int_list
 from specgraft.utils.io import folder_has_content, output_lock
 from specgraft.utils.threads import add_threads_argument, set_torch_threads
 
@@ -43,16 +44,6 @@ DEFAULT_K = 4
 #: Branching of the first levels when a draft model / self drafter is asked for a tree without --branching.
 DEFAULT_BRANCHING = (2, 2)
 DEFAULT_MAX_NEW_TOKENS = 128
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return values
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft a tree or a chain (default: tree for heads, chain otherwise)")
     parser.add_argument("--tree-size", type=int,
                         help="tokens verified per step including the root, for head trees (Medusa 64, EAGLE 60)")
-    parser.add_argument("--branching", type=_int_list,
+    parser.add_argument("--branching", type=int_list,
                         help="children per level for --draft/self trees, e.g. 2,2 (default 2,2 with --mode tree)")
     parser.add_argument("--eagle-top-k", type=int, help="EAGLE-2 tree: children per node and nodes expanded "
                                                         "per depth (default 10)")

@@ -35,6 +35,7 @@ from typing import Any
 from specgraft.errors import SpecgraftError
 from specgraft.eval.drafter import DraftContext, Drafter
 from specgraft.eval.tree import DraftTree
+from specgraft.utils.args import int_list
 from specgraft.utils.io import atomic_write_json, read_json_meta
 
 logger = logging.getLogger(__name__)
@@ -529,16 +530,6 @@ def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_le
 
 
 # -- CLI -----------------------------------------------------------------------------------------------------------
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return values
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specgraft profile``."""
     parser.add_argument("--target", required=True, help="target model: a transformers folder or Hub id")
@@ -548,7 +539,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-length", type=int, default=DEFAULT_KV_LENGTH,
                         help=f"tokens in the KV cache while measuring (default {DEFAULT_KV_LENGTH}; use your typical "
                              "prompt + answer length)")
-    parser.add_argument("--token-counts", type=_int_list, default=list(DEFAULT_TOKEN_COUNTS),
+    parser.add_argument("--token-counts", type=int_list, default=list(DEFAULT_TOKEN_COUNTS),
                         help="tokens verified at once to measure (default 1,2,3,4,6,8,12,16,24,32,48,64)")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="timing repeats; the median counts")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing profile file")
