@@ -81,6 +81,16 @@ class Prediction:
 MAX_DRAFT_SIZE = 4096
 
 
+def _first_rates(rates: list[float], draft_length: int | None, what: str) -> list[float]:
+    """The first ``draft_length`` rates (all when None); refuses a draft deeper than the measured depths."""
+    if draft_length is None:
+        return rates
+    if draft_length > len(rates):
+        raise SpecgraftError(f"draft length {draft_length} needs {draft_length} {what} has {len(rates)}; measure "
+                             "deeper drafts or shorten --draft-length")
+    return rates[:draft_length]
+
+
 def _check_rate(value: float, what: str) -> float:
     value = float(value)
     if not 0.0 <= value <= 1.0 or math.isnan(value):
@@ -143,11 +153,7 @@ def predict(
             raise SpecgraftError("the reach profile is empty; the report verified no drafts")
         if any(b > a + 1e-12 for a, b in zip(rates, rates[1:])):
             raise SpecgraftError(f"reach rates must not increase with depth, got {rates}; pass depth_accepted/steps")
-        if draft_length is not None:
-            if draft_length > len(rates):
-                raise SpecgraftError(f"draft length {draft_length} needs {draft_length} reach rates but the report "
-                                     f"has {len(rates)}; measure deeper drafts or shorten --draft-length")
-            rates = rates[:draft_length]
+        rates = _first_rates(rates, draft_length, "reach rates but the report")
         source = source or "measured reach rates"
         assumptions.append("reach rates as measured (P(accepted path reaches depth d)); a shorter draft truncates "
                            "the accepted path")
@@ -155,11 +161,7 @@ def predict(
         rates = [_check_rate(r, "acceptance rates") for r in profile]
         if not rates:
             raise SpecgraftError("the acceptance profile is empty; give one rate per draft depth, e.g. 0.8,0.7,0.6")
-        if draft_length is not None:
-            if draft_length > len(rates):
-                raise SpecgraftError(f"draft length {draft_length} needs {draft_length} per-depth rates but the "
-                                     f"profile has {len(rates)}; measure deeper drafts or shorten --draft-length")
-            rates = rates[:draft_length]
+        rates = _first_rates(rates, draft_length, "per-depth rates but the profile")
         source = source or "per-depth acceptance profile"
         assumptions.append("per-depth acceptance as measured (conditional on reaching the depth)")
     else:
