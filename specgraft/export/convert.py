@@ -51,8 +51,9 @@ def tuned_engine_settings(tuned: Mapping[str, Any]) -> dict[str, Any]:
     if kind == "medusa":
         depth = int(setting["depth"])
         choices = [list(p) for p in setting.get("paths") or []]
-        return {"vllm": {"num_speculative_tokens": depth},
-                "trtllm": {"max_draft_len": depth, "medusa_choices": choices}}
+        # No vLLM entry: vLLM's Medusa runs every exported head and needs num_speculative_tokens == num_heads, so
+        # a tuned tree only reaches engines that take the tree itself (TensorRT-LLM's medusa_choices).
+        return {"trtllm": {"max_draft_len": depth, "medusa_choices": choices}}
     if kind == "eagle":
         depth = int(setting["depth"])
         tree = setting.get("mode") == "tree"

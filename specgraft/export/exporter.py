@@ -331,7 +331,7 @@ def export_head(
     tuned = read_tuned(head_dir)
     engines = tuned_engine_settings(tuned) if tuned is not None else {}
     if speculative_tokens is None:
-        speculative_tokens = (engines["vllm"]["num_speculative_tokens"] if engines else DEFAULT_SPECULATIVE_TOKENS)
+        speculative_tokens = (engines.get("vllm", {}).get("num_speculative_tokens", DEFAULT_SPECULATIVE_TOKENS))
     if speculative_tokens < 1:
         raise SpecgraftError(f"speculative tokens must be at least 1, got {speculative_tokens}")
     base = base_model or recorded_base_model(meta["target"]["name_or_path"])
