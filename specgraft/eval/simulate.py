@@ -42,6 +42,7 @@ from typing import Any
 from specgraft.errors import SpecgraftError
 from specgraft.eval import metrics
 from specgraft.eval.acceptance import reach_rates
+from specgraft.utils.args import float_list
 
 MODES = ("chain", "tree")
 
@@ -271,18 +272,9 @@ def read_report_profile(path: str | Path, domain: str | None = None) -> dict[str
 
 
 # -- CLI --------------------------------------------------------------------------------------------------------------
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one number")
-    return values
-
-
 def _ints(text: str) -> list[int]:
-    values = _floats(text)
+    """Integers written as numbers (``4,2.0`` is accepted, ``2.5`` is not)."""
+    values = float_list(text)
     if any(v != int(v) for v in values):
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
     return [int(v) for v in values]
@@ -292,7 +284,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specgraft simulate``."""
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--alpha", type=float, help="per-draft acceptance probability (e.g. a measured alpha_exact)")
-    src.add_argument("--acceptance-profile", type=_floats,
+    src.add_argument("--acceptance-profile", type=float_list,
                      help="measured per-depth acceptance rates a1,a2,... (report.json acceptance_by_depth)")
     src.add_argument("--report", type=Path, help="an eval report.json (or its folder): use its measured profile")
     shape = parser.add_mutually_exclusive_group()

@@ -14,3 +14,14 @@ def int_list(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError("expected at least one integer")
     return values
+
+
+def float_list(text: str) -> list[float]:
+    """``"0.8,0.6"`` -> ``[0.8, 0.6]``; an argparse type (a bad value is one usage error)."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return values
