@@ -76,11 +76,13 @@ def build_target(size: BenchSize):
 
 
 def head_config(algorithm: str, size: BenchSize):
-    from specgraft.config import HeadConfig
+    from specgraft.heads.eagle3.config import Eagle3Config
+    from specgraft.heads.medusa.config import MedusaConfig
 
-    layers = [0, size.layers // 2, size.layers] if algorithm == "eagle3" else None
-    return HeadConfig(type=algorithm, num_heads=HEADS, num_layers=DRAFT_LAYERS, ttt_steps=TTT_STEPS,
-                      feature_layers=layers)
+    if algorithm == "eagle3":
+        return Eagle3Config(num_layers=DRAFT_LAYERS, ttt_steps=TTT_STEPS,
+                            feature_layers=[0, size.layers // 2, size.layers])
+    return MedusaConfig(num_heads=HEADS, num_layers=DRAFT_LAYERS)
 
 
 def make_dataset(size: BenchSize, num_sequences: int, seed: int = 0):
@@ -124,7 +126,7 @@ def measure_loss(algorithm: str, size: BenchSize) -> dict:
 
     target = build_target(size)
     cls = head_class(algorithm)
-    head = cls.build(target, cls.config_from_recipe(head_config(algorithm, size), target)).train()
+    head = cls.build(target, head_config(algorithm, size).resolve(target)).train()
     ids = torch.randint(3, size.vocab, (size.sequences, size.seq_len), generator=torch.Generator().manual_seed(0))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
     with torch.no_grad():

@@ -144,8 +144,8 @@ def evaluate(model_dir: Path, runs: list[dict[str, Any]], split: dict[str, Any],
     from specgraft.eval.prompts import load_prompts
     from specgraft.eval.report import EvalSettings, describe_drafter, run_eval
     from specgraft.heads import load_head
-    from specgraft.heads.eagle_drafter import EagleDrafter
-    from specgraft.heads.medusa_tree import MedusaDrafter
+    from specgraft.heads.eagle.drafter import EagleDrafter
+    from specgraft.heads.medusa.drafter import MedusaDrafter
     from specgraft.target import load_target
 
     torch.set_num_threads(args.threads)

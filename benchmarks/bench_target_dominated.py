@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from specgraft.defaults.target import load_default_target
-from specgraft.eval.cli import head_drafter_class
+from specgraft.eval.cli import head_family
 from specgraft.eval.prompts import load_prompts
 from specgraft.eval.report import run_eval
 from specgraft.heads.base import load_head
@@ -66,8 +66,8 @@ def delayed(model: torch.nn.Module, delay_s: float):
 
 def make_drafter(target, head_dir: Path):
     """The drafter ``specgraft eval --head`` would build, with its defaults."""
-    _, drafter_class = head_drafter_class(head_dir)
-    return drafter_class(load_head(target, head_dir), mode="tree")
+    family = head_family(head_dir)
+    return family.drafter(load_head(target, head_dir), family.setting_from_flags(mode="tree"))
 
 
 def check_delay_hits_every_target_forward(target, drafter, prompt, max_new_tokens: int) -> None:

@@ -47,7 +47,7 @@ class ModelConfig:
     """transformers attention backend (sdpa, eager, flash_attention_2); None lets transformers choose."""
 
     def validate(self, path: str) -> None:
-        _check_choice(f"{path}.dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
+        check_choice(f"{path}.dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
 
 
 @dataclass
@@ -81,69 +81,15 @@ class DataConfig:
     regenerate_temperature: float = 0.0
 
     def validate(self, path: str) -> None:
-        _check_choice(f"{path}.format", self.format, ("auto", "sharegpt", "messages", "text", "disk"))
-        _check_positive(f"{path}.max_length", self.max_length)
-        _check_positive(f"{path}.num_proc", self.num_proc)
+        check_choice(f"{path}.format", self.format, ("auto", "sharegpt", "messages", "text", "disk"))
+        check_positive(f"{path}.max_length", self.max_length)
+        check_positive(f"{path}.num_proc", self.num_proc)
         if self.num_samples is not None:
-            _check_positive(f"{path}.num_samples", self.num_samples)
-        _check_range(f"{path}.eval_fraction", self.eval_fraction, 0.0, 1.0, high_open=True)
-        _check_positive(f"{path}.regenerate_max_new_tokens", self.regenerate_max_new_tokens)
-        _check_range(f"{path}.regenerate_temperature", self.regenerate_temperature, 0.0, None)
-        _check_range(f"{path}.seed", self.seed, 0, None)
-
-
-@dataclass
-class HeadConfig:
-    """The draft head grafted onto the target. Fields apply to the families named in their docs."""
-
-    type: str = "medusa"
-    """medusa | eagle (EAGLE-1/2) | eagle3."""
-    num_heads: int = 3
-    """medusa: number of heads K (head k predicts the token k+2 positions ahead)."""
-    num_layers: int = 1
-    """medusa: residual blocks per head. eagle/eagle3: decoder layers in the draft."""
-    share_lm_head: bool = False
-    """medusa: reuse the target's frozen lm_head instead of one trainable vocab projection per head."""
-    loss_decay: float = 0.8
-    """Weight of head k (medusa) or unrolled step s (eagle3) is loss_decay**k."""
-    fc_bias: bool = False
-    """eagle/eagle3: bias in the fc fusion layer (the Vicuna EAGLE-1 drafts used one)."""
-    feature_layers: list[int] | None = None
-    """eagle3: output_hidden_states indices fused by fc; default (2, N//2, N-3)."""
-    draft_vocab_size: int | None = None
-    """eagle3: size of the reduced draft vocabulary; default min(32000, target vocab)."""
-    draft_vocab_heldout_every: int = 20
-    """eagle3: every n-th training row (5% by default) is left out of the draft-vocabulary counts, and the reported
-    draft_vocab_coverage is measured on its loss tokens (coverage on the rows the vocabulary was counted from reads
-    high); 0 counts every row and reports only that training coverage."""
-    ttt_steps: int = 7
-    """eagle3: training-time-test unrolled steps."""
-    feature_noise: float = 0.1
-    """eagle: half-width of the uniform noise added to input features during training."""
-    feature_loss_weight: float = 1.0
-    """eagle: weight of the SmoothL1 next-feature loss."""
-    logit_loss_weight: float = 0.1
-    """eagle: weight of the soft cross-entropy against the target distribution."""
-
-    def validate(self, path: str) -> None:
-        _check_choice(f"{path}.type", self.type, ("medusa", "eagle", "eagle3"))
-        _check_positive(f"{path}.num_heads", self.num_heads)
-        _check_positive(f"{path}.num_layers", self.num_layers)
-        _check_positive(f"{path}.ttt_steps", self.ttt_steps)
-        _check_range(f"{path}.loss_decay", self.loss_decay, 0.0, 1.0, low_open=True)
-        _check_range(f"{path}.feature_noise", self.feature_noise, 0.0, None)
-        if self.draft_vocab_size is not None:
-            _check_positive(f"{path}.draft_vocab_size", self.draft_vocab_size)
-        if self.draft_vocab_heldout_every < 0 or self.draft_vocab_heldout_every == 1:
-            raise ConfigError(f"{path}.draft_vocab_heldout_every is {self.draft_vocab_heldout_every}; use 0 (no "
-                              "hold-out) or 2 or more (every n-th row held out)")
-        _check_range(f"{path}.feature_loss_weight", self.feature_loss_weight, 0.0, None)
-        _check_range(f"{path}.logit_loss_weight", self.logit_loss_weight, 0.0, None)
-        if self.feature_layers is not None:
-            # Checked against the target's depth when it is loaded; this bound keeps a typo from building a
-            # stand-in with that many layers first (the deepest open models have a few hundred).
-            for i, layer in enumerate(self.feature_layers):
-                _check_range(f"{path}.feature_layers[{i}]", layer, 0, MAX_LAYER_INDEX)
+            check_positive(f"{path}.num_samples", self.num_samples)
+        check_range(f"{path}.eval_fraction", self.eval_fraction, 0.0, 1.0, high_open=True)
+        check_positive(f"{path}.regenerate_max_new_tokens", self.regenerate_max_new_tokens)
+        check_range(f"{path}.regenerate_temperature", self.regenerate_temperature, 0.0, None)
+        check_range(f"{path}.seed", self.seed, 0, None)
 
 
 @dataclass
@@ -166,14 +112,14 @@ class LoraConfig:
     """Adapter learning rate (default: training.learning_rate / 4)."""
 
     def validate(self, path: str) -> None:
-        _check_positive(f"{path}.r", self.r)
-        _check_positive(f"{path}.alpha", self.alpha)
-        _check_range(f"{path}.dropout", self.dropout, 0.0, 1.0, high_open=True)
-        _check_range(f"{path}.head_warmup_steps", self.head_warmup_steps, 0, None)
+        check_positive(f"{path}.r", self.r)
+        check_positive(f"{path}.alpha", self.alpha)
+        check_range(f"{path}.dropout", self.dropout, 0.0, 1.0, high_open=True)
+        check_range(f"{path}.head_warmup_steps", self.head_warmup_steps, 0, None)
         for name in ("lm_loss_weight", "head_loss_weight", "kl_weight"):
-            _check_range(f"{path}.{name}", getattr(self, name), 0.0, None)
+            check_range(f"{path}.{name}", getattr(self, name), 0.0, None)
         if self.learning_rate is not None:
-            _check_range(f"{path}.learning_rate", self.learning_rate, 0.0, None, low_open=True)
+            check_range(f"{path}.learning_rate", self.learning_rate, 0.0, None, low_open=True)
 
 
 @dataclass
@@ -200,15 +146,15 @@ class DistillConfig:
     """Evaluate the held-out acceptance proxy alpha_exact every N steps; the best checkpoint is kept."""
 
     def validate(self, path: str) -> None:
-        _check_choice(f"{path}.loss", self.loss, ("fkl", "rkl", "jsd", "tvd", "ce"))
-        _check_range(f"{path}.beta", self.beta, 0.0, 1.0)
-        _check_range(f"{path}.lmbda", self.lmbda, 0.0, 1.0)
-        _check_range(f"{path}.temperature", self.temperature, 0.0, None, low_open=True)
-        _check_positive(f"{path}.keep_every_k_layers", self.keep_every_k_layers)
-        _check_positive(f"{path}.alpha_eval_every", self.alpha_eval_every)
-        _check_positive(f"{path}.onpolicy_max_new_tokens", self.onpolicy_max_new_tokens)
+        check_choice(f"{path}.loss", self.loss, ("fkl", "rkl", "jsd", "tvd", "ce"))
+        check_range(f"{path}.beta", self.beta, 0.0, 1.0)
+        check_range(f"{path}.lmbda", self.lmbda, 0.0, 1.0)
+        check_range(f"{path}.temperature", self.temperature, 0.0, None, low_open=True)
+        check_positive(f"{path}.keep_every_k_layers", self.keep_every_k_layers)
+        check_positive(f"{path}.alpha_eval_every", self.alpha_eval_every)
+        check_positive(f"{path}.onpolicy_max_new_tokens", self.onpolicy_max_new_tokens)
         if self.student_hidden_size is not None:
-            _check_positive(f"{path}.student_hidden_size", self.student_hidden_size)
+            check_positive(f"{path}.student_hidden_size", self.student_hidden_size)
 
 
 @dataclass
@@ -245,25 +191,25 @@ class TrainingConfig:
 
     def validate(self, path: str) -> None:
         # torch's manual_seed takes seeds in [0, 2**64); numpy's (datasets' shuffles) in [0, 2**32).
-        _check_range(f"{path}.seed", self.seed, 0, MAX_SEED)
-        _check_range(f"{path}.adam_eps", self.adam_eps, 0.0, None, low_open=True)
-        _check_positive(f"{path}.max_steps", self.max_steps)
-        _check_positive(f"{path}.micro_batch_size", self.micro_batch_size)
-        _check_positive(f"{path}.gradient_accumulation_steps", self.gradient_accumulation_steps)
-        _check_range(f"{path}.learning_rate", self.learning_rate, 0.0, None, low_open=True)
-        _check_range(f"{path}.weight_decay", self.weight_decay, 0.0, None)
-        _check_range(f"{path}.warmup_steps", self.warmup_steps, 0, None)
-        _check_range(f"{path}.max_grad_norm", self.max_grad_norm, 0.0, None)
-        _check_positive(f"{path}.checkpoint_every", self.checkpoint_every)
-        _check_positive(f"{path}.keep_checkpoints", self.keep_checkpoints)
-        _check_positive(f"{path}.log_every", self.log_every)
-        _check_range(f"{path}.eval_every", self.eval_every, 0, None)
+        check_range(f"{path}.seed", self.seed, 0, MAX_SEED)
+        check_range(f"{path}.adam_eps", self.adam_eps, 0.0, None, low_open=True)
+        check_positive(f"{path}.max_steps", self.max_steps)
+        check_positive(f"{path}.micro_batch_size", self.micro_batch_size)
+        check_positive(f"{path}.gradient_accumulation_steps", self.gradient_accumulation_steps)
+        check_range(f"{path}.learning_rate", self.learning_rate, 0.0, None, low_open=True)
+        check_range(f"{path}.weight_decay", self.weight_decay, 0.0, None)
+        check_range(f"{path}.warmup_steps", self.warmup_steps, 0, None)
+        check_range(f"{path}.max_grad_norm", self.max_grad_norm, 0.0, None)
+        check_positive(f"{path}.checkpoint_every", self.checkpoint_every)
+        check_positive(f"{path}.keep_checkpoints", self.keep_checkpoints)
+        check_positive(f"{path}.log_every", self.log_every)
+        check_range(f"{path}.eval_every", self.eval_every, 0, None)
         if len(self.adam_betas) != 2 or not all(math.isfinite(b) and 0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"{path}.adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
-        _check_choice(f"{path}.lr_scheduler", self.lr_scheduler, ("cosine", "linear", "constant"))
-        _check_choice(f"{path}.mixed_precision", self.mixed_precision, ("no", "bf16", "fp16"))
-        _check_choice(f"{path}.features", self.features, ("online", "offline"))
-        _check_choice(f"{path}.feature_dtype", self.feature_dtype, ("bfloat16", "float16", "float32"))
+        check_choice(f"{path}.lr_scheduler", self.lr_scheduler, ("cosine", "linear", "constant"))
+        check_choice(f"{path}.mixed_precision", self.mixed_precision, ("no", "bf16", "fp16"))
+        check_choice(f"{path}.features", self.features, ("online", "offline"))
+        check_choice(f"{path}.feature_dtype", self.feature_dtype, ("bfloat16", "float16", "float32"))
 
 
 @dataclass
@@ -285,7 +231,7 @@ class TrackingConfig:
     run_name: str | None = None
 
     def validate(self, path: str) -> None:
-        _check_choice(f"{path}.backend", self.backend, ("tensorboard", "wandb", "none"))
+        check_choice(f"{path}.backend", self.backend, ("tensorboard", "wandb", "none"))
         # The trackers write under output.dir/<project>[/<run_name>]: a path there would write elsewhere.
         for name in ("project", "run_name"):
             value = getattr(self, name)
@@ -301,7 +247,9 @@ class Recipe:
     model: ModelConfig
     data: DataConfig
     output: OutputConfig
-    head: HeadConfig = field(default_factory=HeadConfig)
+    head: Any = field(default_factory=lambda: _default_head(), metadata={"convert": lambda v, p: head_section(v, p)})
+    """The draft head: ``type`` (a registered family: medusa | eagle | eagle3 | dflash) and that family's own typed
+    fields (its ``config.py``)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
@@ -310,8 +258,32 @@ class Recipe:
     """Free text shown in model cards and reports."""
 
 
+def _default_head() -> Any:
+    from specgraft.heads.registry import get_family
+
+    return get_family(DEFAULT_HEAD_TYPE).config()
+
+
+def head_section(value: Any, path: str) -> Any:
+    """A recipe's ``head:`` section -> the typed config of the family its ``type`` names (default medusa)."""
+    from specgraft.heads.registry import family_names, get_family
+
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{path} must be a mapping, got {_tname(value)}")
+    head_type = value.get("type", DEFAULT_HEAD_TYPE)
+    if not isinstance(head_type, str):
+        raise ConfigError(f"{path}.type must be a string, got {_tname(head_type)} {head_type!r}")
+    check_choice(f"{path}.type", head_type, family_names())
+    return from_dict(get_family(head_type).config, {k: v for k, v in value.items() if k != "type"}, path)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Loading
+
+#: The head family of a recipe that names none.
+DEFAULT_HEAD_TYPE = "medusa"
 
 #: Largest output_hidden_states index a recipe may name (the deepest open models have a few hundred layers).
 MAX_LAYER_INDEX = 4096
@@ -415,18 +387,32 @@ def from_dict(schema: type, raw: Mapping[str, Any], path: str = "") -> Any:
     for name, f in fields.items():
         dotted = f"{path}.{name}" if path else name
         if name in raw:
-            values[name] = _convert(hints[name], raw[name], dotted)
+            convert = f.metadata.get("convert")
+            values[name] = convert(raw[name], dotted) if convert else _convert(hints[name], raw[name], dotted)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"missing required recipe field {dotted}; add it to the recipe or pass {dotted}=...")
     obj = schema(**values)
-    if hasattr(obj, "validate"):
-        obj.validate(path or schema.__name__.lower())
+    # A head family's config checks its recipe fields with check_recipe (its validate() checks a complete one).
+    check = getattr(obj, "check_recipe", None) or getattr(obj, "validate", None)
+    if check is not None:
+        check(path or schema.__name__.lower())
     return obj
 
 
 def to_dict(obj: Any) -> Any:
-    """A plain (YAML/JSON-serialisable) copy of a config dataclass."""
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+    """A plain (YAML/JSON-serialisable) copy of a config dataclass; a head family's config keeps its ``type``
+    (a class attribute of the family config, not a field)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        head_type = getattr(type(obj), "type", None)
+        if isinstance(head_type, str) and "type" not in out:
+            out = {"type": head_type, **out}
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
 
 
 def save_recipe(recipe: Any, path: str | Path) -> None:
@@ -511,19 +497,19 @@ def _deep_copy(raw: Any) -> Any:
     return raw
 
 
-def _check_choice(path: str, value: str, choices: Sequence[str]) -> None:
+def check_choice(path: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
         close = difflib.get_close_matches(str(value), list(choices), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"{path} must be one of {', '.join(choices)}, got {value!r}{hint}")
 
 
-def _check_positive(path: str, value: int | float) -> None:
+def check_positive(path: str, value: int | float) -> None:
     if not value > 0:  # also false for NaN
         raise ConfigError(f"{path} must be positive, got {value}")
 
 
-def _check_range(path: str, value: float, low: float | None, high: float | None,
+def check_range(path: str, value: float, low: float | None, high: float | None,
                  low_open: bool = False, high_open: bool = False) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{path} must be a finite number, got {value}")

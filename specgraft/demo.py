@@ -135,15 +135,16 @@ def _recipe(kind: str, target_path: Path, train_file: Path, out_dir: Path, budge
     from specgraft.config import (
         DataConfig,
         DistillConfig,
-        HeadConfig,
         ModelConfig,
         OutputConfig,
         Recipe,
         TrackingConfig,
         TrainingConfig,
     )
+    from specgraft.heads.eagle3.config import Eagle3Config
+    from specgraft.heads.medusa.config import MedusaConfig
 
-    head = HeadConfig(type="eagle3" if kind == "eagle3" else "medusa", num_heads=3, num_layers=1, ttt_steps=3)
+    head = Eagle3Config(num_layers=1, ttt_steps=3) if kind == "eagle3" else MedusaConfig(num_heads=3, num_layers=1)
     lr = {"medusa": 3e-3, "eagle3": 2e-3, "distill": 2e-3}[kind]
     return Recipe(
         model=ModelConfig(str(target_path)),
@@ -208,18 +209,13 @@ def _evaluate_head(out: Path, kind: str, head_dir: Path, target_path: Path, prom
                    budget: DemoBudget) -> dict[str, Any]:
     from specgraft.eval.report import run_eval
     from specgraft.heads.base import load_head
+    from specgraft.heads.registry import family_of
     from specgraft.target import load_target
 
     target = load_target(target_path)  # a fresh target: the decoder owns its caches
     head = load_head(target, head_dir)
-    if kind == "medusa":
-        from specgraft.heads.medusa_tree import MedusaDrafter
-
-        drafter = MedusaDrafter(head, mode="tree")
-    else:
-        from specgraft.heads.eagle_drafter import EagleDrafter
-
-        drafter = EagleDrafter(head, mode="tree")
+    family = family_of(head)
+    drafter = family.drafter(head, family.setting_from_flags(mode="tree"))
     print(f"[demo] evaluating {kind} per domain", flush=True)
     report = run_eval(target, drafter, _load_prompts(prompts_file), out / "eval" / kind,
                       settings=_eval_settings(budget), drafter_info={"type": kind, "path": str(head_dir),
@@ -258,7 +254,7 @@ def _tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, 
     from specgraft.eval.prompts import render_turn
     from specgraft.eval.tune import TUNED_NAME, default_kv_length, kind_of, setting_label, tune
     from specgraft.heads.base import load_head
-    from specgraft.heads.medusa_tree import head_topk_accuracy
+    from specgraft.heads.registry import family_of
     from specgraft.target import load_target
 
     target = load_target(target_path)
@@ -284,7 +280,8 @@ def _tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, 
     for name, (kind, head_type, source) in sources.items():
         result = results[name]
         print(f"[demo] tuning {name} for this machine", flush=True)
-        prior = head_topk_accuracy(source).tolist() if kind == "medusa" else None
+        prior_hook = family_of(source).hooks.get("tuning_prior") if kind != "draft_model" else None
+        prior = prior_hook(source) if prior_hook is not None else None
         outcome, record = tune(target, kind, head_type, source, result["drafter_dir"], prompts,
                                out / "tune" / name.replace(" ", "_"), profile=profile,
                                calibration=(result["report"], str(result["report_dir"] / "report.json")),

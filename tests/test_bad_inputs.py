@@ -19,8 +19,7 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from specgraft.cli import main as cli_main
-from specgraft.config import HeadConfig
-from specgraft.heads.medusa import MedusaHead
+from specgraft.heads.medusa.model import MedusaHead
 from specgraft.target import Target
 from specgraft.testing import tiny_model, tiny_tokenizer
 
@@ -58,7 +57,7 @@ def world(tmp_path_factory):
     (root / "prompts_generic.jsonl").write_text(json.dumps({"text": "hi", "kind": "x"}) + "\n")
 
     target = Target(tiny_model("llama"), tiny_tokenizer(), name_or_path=str(target_dir))
-    head = MedusaHead.build(target, MedusaHead.config_from_recipe(HeadConfig(num_heads=2), target))
+    head = MedusaHead.build(target, MedusaHead.Config(num_heads=2).resolve(target))
     head.save_pretrained(root / "head")
     broken = root / "broken-head"
     head.save_pretrained(broken)

@@ -44,12 +44,12 @@ def test_wrong_type_and_missing_field_name_the_dotted_path(tmp_path):
     with pytest.raises(ConfigError, match=r"training\.max_steps must be an integer, got a string 'many'"):
         load_recipe(write(tmp_path, {**MINIMAL, "training": {"max_steps": "many"}}))
     with pytest.raises(ConfigError, match=r"head\.feature_layers\[1\] must be an integer"):
-        load_recipe(write(tmp_path, {**MINIMAL, "head": {"feature_layers": [1, "x"]}}))
+        load_recipe(write(tmp_path, {**MINIMAL, "head": {"type": "eagle3", "feature_layers": [1, "x"]}}))
     with pytest.raises(ConfigError, match=r"missing required recipe field model\.name_or_path"):
         load_recipe(write(tmp_path, {**MINIMAL, "model": {"dtype": "float32"}}))
     with pytest.raises(ConfigError, match=r"missing required recipe field output"):
         load_recipe(write(tmp_path, {"model": MINIMAL["model"], "data": MINIMAL["data"]}))
-    with pytest.raises(ConfigError, match=r"head\.type must be one of medusa, eagle, eagle3, got 'eagle4'"):
+    with pytest.raises(ConfigError, match=r"head\.type must be one of medusa, eagle, eagle3(, [a-z0-9_]+)*, got 'eagle4'"):
         load_recipe(write(tmp_path, {**MINIMAL, "head": {"type": "eagle4"}}))
     with pytest.raises(ConfigError, match=r"head\.num_heads must be positive, got 0"):
         load_recipe(write(tmp_path, {**MINIMAL, "head": {"num_heads": 0}}))
@@ -93,3 +93,19 @@ def test_shipped_recipes_exist():
 def test_every_shipped_recipe_validates(path):
     recipe = load_recipe(path)
     assert recipe.model.name_or_path and recipe.output.dir
+
+
+def test_head_section_is_the_family_config_chosen_by_type(tmp_path):
+    """One schema per thing: a field of another family is refused (the flat mirror accepted it silently), the
+    type must name a registered family, and the saved recipe keeps the type."""
+    from specgraft.heads.eagle3.config import Eagle3Config
+
+    with pytest.raises(ConfigError, match=r"unknown recipe key head\.num_heads"):
+        load_recipe(write(tmp_path, {**MINIMAL, "head": {"type": "eagle3", "num_heads": 3}}))
+    with pytest.raises(ConfigError, match=r"head\.type must be one of medusa, eagle, eagle3.*did you mean 'eagle3'"):
+        load_recipe(write(tmp_path, {**MINIMAL, "head": {"type": "eagel3"}}))
+    recipe = load_recipe(write(tmp_path, {**MINIMAL, "head": {"type": "eagle3", "ttt_steps": 3}}))
+    assert isinstance(recipe.head, Eagle3Config) and recipe.head.type == "eagle3" and recipe.head.ttt_steps == 3
+    save_recipe(recipe, tmp_path / "saved.yaml")
+    again = load_recipe(tmp_path / "saved.yaml")
+    assert to_dict(again) == to_dict(recipe) and to_dict(again)["head"]["type"] == "eagle3"

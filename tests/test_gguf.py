@@ -215,14 +215,13 @@ def test_dry_run_reads_the_architecture_from_gguf_metadata(tiny_gguf):
 
 def test_a_head_records_the_gguf_and_is_refused_by_another_target(tiny_gguf, gguf_cache, tiny_llama, tiny_tok,
                                                                   tmp_path):
-    from specgraft.config import HeadConfig
     from specgraft.errors import TargetMismatchError
     from specgraft.heads.base import load_head
-    from specgraft.heads.medusa import MedusaHead
+    from specgraft.heads.medusa.model import MedusaHead
     from specgraft.target import Target
 
     target = load_target(str(tiny_gguf))
-    head = MedusaHead.build(target, MedusaHead.config_from_recipe(HeadConfig(num_heads=2), target))
+    head = MedusaHead.build(target, MedusaHead.Config(num_heads=2).resolve(target))
     head.save_pretrained(tmp_path / "head")
     saved = json.loads((tmp_path / "head" / "head_config.json").read_text())["target"]
     assert saved["source"] == f"gguf:tiny.gguf sha256:{sha256_file(tiny_gguf)}"
@@ -262,11 +261,10 @@ def test_hub_id_of_a_source_field(value, bare, hub_id):
 
 
 def _medusa_head_on(gguf_file: Path, folder: Path) -> Path:
-    from specgraft.config import HeadConfig
-    from specgraft.heads.medusa import MedusaHead
+    from specgraft.heads.medusa.model import MedusaHead
 
     target = load_target(str(gguf_file))
-    MedusaHead.build(target, MedusaHead.config_from_recipe(HeadConfig(num_heads=2), target)).save_pretrained(folder)
+    MedusaHead.build(target, MedusaHead.Config(num_heads=2).resolve(target)).save_pretrained(folder)
     return folder
 
 

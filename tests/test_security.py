@@ -53,8 +53,7 @@ def test_no_unpickling_in_the_package():
 @pytest.fixture(scope="module")
 def medusa_head(tmp_path_factory):
     """A saved 2-head Medusa head on a tiny target, in a folder of its own."""
-    from specgraft.config import HeadConfig
-    from specgraft.heads.medusa import MedusaHead
+    from specgraft.heads.medusa.model import MedusaHead
     from specgraft.target import Target
     from specgraft.testing import tiny_model, tiny_tokenizer
 
@@ -63,7 +62,7 @@ def medusa_head(tmp_path_factory):
     model.save_pretrained(root / "target")
     tokenizer.save_pretrained(root / "target")
     target = Target(model, tokenizer, name_or_path=str(root / "target"))
-    head = MedusaHead.build(target, MedusaHead.config_from_recipe(HeadConfig(num_heads=2), target))
+    head = MedusaHead.build(target, MedusaHead.Config(num_heads=2).resolve(target))
     return head.save_pretrained(root / "run" / "head")
 
 
@@ -175,9 +174,8 @@ def test_medusa_card_passes_num_speculative_tokens_equal_to_the_head_count(medus
 
 
 def test_local_target_path_is_flagged_and_left_out_of_the_card(tmp_path):
-    from specgraft.config import HeadConfig
     from specgraft.export import export_head
-    from specgraft.heads.medusa import MedusaHead
+    from specgraft.heads.medusa.model import MedusaHead
     from specgraft.target import Target
     from specgraft.testing import tiny_model, tiny_tokenizer
 
@@ -185,7 +183,7 @@ def test_local_target_path_is_flagged_and_left_out_of_the_card(tmp_path):
     model = tiny_model("llama")
     model.save_pretrained(local)
     target = Target(model, tiny_tokenizer(), name_or_path=str(local))
-    head = MedusaHead.build(target, MedusaHead.config_from_recipe(HeadConfig(num_heads=2), target))
+    head = MedusaHead.build(target, MedusaHead.Config(num_heads=2).resolve(target))
     result = export_head(head.save_pretrained(tmp_path / "head"), "vllm", tmp_path / "export")
     assert any("--base-model ORG/NAME" in w for w in result.warnings)
     card = (result.path / "README.md").read_text()

@@ -33,12 +33,6 @@ logger = logging.getLogger(__name__)
 
 #: Built-in drafters selectable with --drafter.
 BUILTIN_DRAFTERS = ("self", "random")
-#: head_type -> (module, drafter class).
-HEAD_DRAFTERS = {
-    "medusa": ("specgraft.heads.medusa_tree", "MedusaDrafter"),
-    "eagle": ("specgraft.heads.eagle_drafter", "EagleDrafter"),
-    "eagle3": ("specgraft.heads.eagle_drafter", "EagleDrafter"),
-}
 #: Draft length of the built-in and draft-model drafters when --k is not given.
 DEFAULT_K = 4
 #: Branching of the first levels when a draft model / self drafter is asked for a tree without --branching.
@@ -195,17 +189,12 @@ def _tuned_setting(args: argparse.Namespace, folder: Path, explicit: bool,
     return tuned["setting"], source, str(tuned["kind"])
 
 
-def head_drafter_class(head_dir: str | Path) -> tuple[str, type]:
-    """The head type saved in ``head_dir`` and the drafter class that drafts with it."""
-    import importlib
-
+def head_family(head_dir: str | Path) -> Any:
+    """The registered family of the head saved in ``head_dir`` (see :mod:`specgraft.heads.registry`)."""
     from specgraft.heads.base import read_head_config
+    from specgraft.heads.registry import get_family
 
-    head_type = read_head_config(head_dir)["head_type"]
-    if head_type not in HEAD_DRAFTERS:
-        raise SpecgraftError(f"no drafter for head type {head_type!r}; known: {', '.join(HEAD_DRAFTERS)}")
-    module, name = HEAD_DRAFTERS[head_type]
-    return head_type, getattr(importlib.import_module(module), name)
+    return get_family(read_head_config(head_dir)["head_type"])
 
 
 def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str, Any]]:
@@ -214,53 +203,29 @@ def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str,
     if args.branching is not None:
         raise SpecgraftError("--branching applies to --draft/self trees; for heads use --tree-size (and "
                              "--eagle-top-k for EAGLE)")
-    head_type, cls = head_drafter_class(args.head)
+    family = head_family(args.head)
     head = load_head(target, args.head)
     explicit = any(v is not None for v in (args.k, args.mode, args.tree_size, args.eagle_top_k))
     tuned = _tuned_setting(args, Path(args.head), explicit, target)
     if tuned is not None:
-        from specgraft.eval.tune import drafter_for, drafter_info, kind_of
+        from specgraft.eval.tune import drafter_info
 
         setting, source, tuned_kind = tuned
-        kind = kind_of(head_type)
-        if kind != tuned_kind:
-            raise SpecgraftError(f"{args.head}/tuned.json is for a {tuned_kind} drafter, not this {head_type} head; "
-                                 "re-run `specgraft tune --overwrite` for it")
-        drafter = drafter_for(kind, head, setting)
-        info = drafter_info(kind, head_type, str(args.head), setting, source)
-        if kind == "eagle":
-            info["tree_size"] = drafter.total_tokens if drafter.mode == "tree" else drafter.depth + 1
+        if family.tuning != tuned_kind:
+            raise SpecgraftError(f"{args.head}/tuned.json is for a {tuned_kind} drafter, not this {family.name} "
+                                 "head; re-run `specgraft tune --overwrite` for it")
+        drafter = family.drafter(head, setting)
+        info = drafter_info(tuned_kind, family.name, str(args.head), setting, source)
+        info["tree_size"] = family.describe_drafter(drafter)["tree_size"]
         return drafter, info
-    mode = args.mode or "tree"
-    info: dict[str, Any] = {"type": head_type, "path": str(args.head), "mode": mode,
+    setting = family.setting_from_flags(mode=args.mode, k=args.k, tree_size=args.tree_size, top_k=args.eagle_top_k)
+    drafter = family.drafter(head, setting)
+    info: dict[str, Any] = {"type": family.name, "path": str(args.head), "mode": setting["mode"],
                             "setting_source": "flags" if explicit else "defaults"}
-    if head_type == "medusa":
-        if args.eagle_top_k is not None:
-            raise SpecgraftError("--eagle-top-k applies to eagle/eagle3 heads, not medusa")
-        kwargs: dict[str, Any] = {"mode": mode}
-        if args.tree_size is not None:
-            if args.tree_size < 2:
-                raise SpecgraftError(f"--tree-size counts the root, so it must be >= 2, got {args.tree_size}")
-            kwargs["num_nodes"] = args.tree_size - 1
-        if args.k is not None:
-            kwargs["max_depth"] = args.k
-        drafter = cls(head, **kwargs)
-        info.update({"k": drafter.tree.depth, "tree_size": drafter.tree.size + 1})
-    else:
-        kwargs = {"mode": mode}
-        if args.k is not None:
-            kwargs["depth"] = args.k
-        if args.tree_size is not None:
-            kwargs["total_tokens"] = args.tree_size
-        if args.eagle_top_k is not None:
-            kwargs["top_k"] = args.eagle_top_k
-        drafter = cls(head, **kwargs)
-        info.update({"k": drafter.depth, "tree_size": drafter.total_tokens if mode == "tree" else drafter.depth + 1,
-                     "top_k": drafter.top_k})
+    info.update(family.describe_drafter(drafter))
     return drafter, info
 
 
-# -- command --------------------------------------------------------------------------------------------------------
 def _device_and_dtype(args: argparse.Namespace) -> tuple[str, str]:
     import torch
 

@@ -438,27 +438,32 @@ def measure_head(head: Any, head_type: str, model: Any, kv_length: int, calls: i
     def timed(drafter: Any) -> float:
         return ref.relative(lambda: _time_propose(drafter, model, prompt, calls))
 
-    if head_type == "medusa":
-        from specgraft.heads.medusa_tree import MedusaDrafter, build_sparse_tree, head_topk_accuracy
+    from specgraft.heads.registry import get_family
 
-        # One call runs `h` heads and fills (and reports q for) the tree's nodes: cost by heads and nodes.
-        accuracy = head_topk_accuracy(head)
+    family = get_family(head_type)
+    if family.tuning == "medusa":
+        # A static tree from per-depth top-k accuracies: one call runs `h` heads and fills (and reports q for) the
+        # tree's nodes, so the cost goes by heads and nodes.
+        accuracy = family.hooks["tuning_prior"](head)
+        static_tree = family.hooks["static_tree"]
         per_call: dict[str, dict[str, float]] = {}
-        for h in range(1, min(head.num_heads, MEDUSA_MAX_HEADS) + 1):
+        for h in range(1, min(len(accuracy), MEDUSA_MAX_HEADS) + 1):
             per_call[str(h)] = {}
             for nodes in MEDUSA_NODES:
-                tree = build_sparse_tree(accuracy, nodes, max_depth=h)
+                tree = static_tree(accuracy, nodes, max_depth=h)
                 if tree.depth == h and tree.size == nodes:
-                    per_call[str(h)][str(nodes)] = timed(MedusaDrafter(head, paths=tree.paths))
-        return {"kind": "medusa", "num_heads": head.num_heads, "per_call_s": per_call}
-    from specgraft.heads.eagle_drafter import EagleDrafter
-
-    chain = {str(d): timed(EagleDrafter(head, mode="chain", depth=d)) for d in EAGLE_DEPTHS}
+                    per_call[str(h)][str(nodes)] = timed(family.drafter(head, {"paths": tree.paths}))
+        return {"kind": "medusa", "num_heads": len(accuracy), "per_call_s": per_call}
+    if family.tuning != "eagle":
+        raise SpecgraftError(f"{head_type} heads have no tunable drafting settings to profile; evaluate them with "
+                             "`specgraft eval` at their defaults")
+    chain = {str(d): timed(family.drafter(head, {"mode": "chain", "depth": d})) for d in EAGLE_DEPTHS}
     tree = {}
     for k in EAGLE_TOP_KS:
         for d in EAGLE_DEPTHS:
             total = 1 + k * d  # about the nodes an EAGLE-2 tree of this width and depth keeps
-            tree[f"{k},{d}"] = timed(EagleDrafter(head, mode="tree", top_k=k, depth=d, total_tokens=total))
+            tree[f"{k},{d}"] = timed(family.drafter(head, {"mode": "tree", "top_k": k, "depth": d,
+                                                           "total_tokens": total}))
     # Drafting deeper or wider never costs less: smooth timing noise along depth, then along width.
     chain = {str(d): v for d, v in monotone({int(d): v for d, v in chain.items()}).items()}
     for k in EAGLE_TOP_KS:

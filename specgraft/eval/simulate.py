@@ -316,9 +316,10 @@ def predict_on_profile(report_path: Path, domain: str | None, profile_path: Path
     profile = CostProfile.load(profile_path)
     drafter = measured["drafter"]
     head_type = str(drafter.get("type"))
-    if head_type not in ("medusa", "eagle", "eagle3", "draft_model"):
-        raise SpecgraftError(f"--cost-profile predicts head and draft-model drafters, not {head_type!r}")
-    kind = kind_of(head_type)
+    try:
+        kind = kind_of(head_type)
+    except SpecgraftError:
+        raise SpecgraftError(f"--cost-profile predicts head and draft-model drafters, not {head_type!r}") from None
     mode = drafter.get("mode") or "chain"
     depth = int(draft_length or drafter.get("k") or len(measured["reach"] or []))
     if kind == "medusa":

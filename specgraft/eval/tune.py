@@ -71,8 +71,17 @@ class Candidate:
 
 
 def kind_of(head_type: str) -> str:
-    """medusa | eagle (EAGLE-1/2 and EAGLE-3 tune alike) | draft_model."""
-    return "eagle" if head_type in ("eagle", "eagle3") else head_type
+    """How a drafter is tuned: ``draft_model``, or the head family's registered tuning strategy (``medusa``: a
+    static tree from per-depth top-k accuracies; ``eagle``: a dynamic tree; EAGLE-1/2 and EAGLE-3 tune alike)."""
+    if head_type == "draft_model":
+        return head_type
+    from specgraft.heads.registry import get_family
+
+    kind = get_family(head_type).tuning
+    if kind is None:
+        raise SpecgraftError(f"{head_type} heads have no tunable drafting settings; evaluate them with "
+                             "`specgraft eval` at their defaults or with setting flags")
+    return kind
 
 
 def _finish(c: Candidate, plain_step_s: float) -> Candidate:
@@ -361,24 +370,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def drafter_for(kind: str, head_or_draft: Any, setting: dict[str, Any]) -> Any:
-    """A drafter at ``setting``."""
-    if kind == "medusa":
-        from specgraft.heads.medusa_tree import MedusaDrafter
+    """A drafter at ``setting``: a head's through its family's registered drafter, else a draft model's."""
+    if kind == "draft_model":
+        from specgraft.eval.drafters import DraftModelDrafter
 
-        if "paths" in setting:
-            return MedusaDrafter(head_or_draft, mode="tree", paths=setting["paths"])
-        return MedusaDrafter(head_or_draft, mode=setting.get("mode", "tree"),
-                             num_nodes=int(setting.get("tree_size", 64)) - 1)
-    if kind == "eagle":
-        from specgraft.heads.eagle_drafter import EagleDrafter
+        return DraftModelDrafter(head_or_draft, k=int(setting["k"]))
+    from specgraft.heads.registry import family_of
 
-        if setting["mode"] == "chain":
-            return EagleDrafter(head_or_draft, mode="chain", depth=int(setting["depth"]))
-        return EagleDrafter(head_or_draft, mode="tree", top_k=int(setting["top_k"]), depth=int(setting["depth"]),
-                            total_tokens=int(setting["total_tokens"]))
-    from specgraft.eval.drafters import DraftModelDrafter
-
-    return DraftModelDrafter(head_or_draft, k=int(setting["k"]))
+    return family_of(head_or_draft).drafter(head_or_draft, setting)
 
 
 def setting_label(kind: str, setting: dict[str, Any]) -> str:
@@ -432,13 +431,14 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
     costs = profile.drafter(_profile_label(profile, kind, source_dir))
     candidates = candidates_for(kind, profile, costs, numbers, prior)
     chosen = candidates[0]
-    if kind == "medusa":
-        from specgraft.heads.medusa_tree import DEFAULT_NUM_NODES, build_sparse_tree
+    default_hook = None
+    if kind != "draft_model":
+        from specgraft.heads.registry import family_of
 
-        # The default tree (what an untuned `specgraft eval` drafts), built from the head's stored accuracies.
-        tree = build_sparse_tree(prior if prior is not None else [[0.0]], DEFAULT_NUM_NODES)
-        default_setting = {"mode": "tree", "tree_size": tree.size + 1, "depth": tree.depth,
-                           "paths": [list(p) for p in tree.paths]}
+        default_hook = family_of(drafter_source).hooks.get("default_setting")
+    if default_hook is not None:
+        # The family's untuned setting as it drafts it (Medusa: the tree built from the head's stored accuracies).
+        default_setting = default_hook(drafter_source)
     try:
         default: Candidate | None = predict_setting(kind, default_setting, profile, costs, numbers, prior)
     except SpecgraftError as exc:  # e.g. a profile that stops short of the default's 60-64 tokens
@@ -530,10 +530,11 @@ def run(args: argparse.Namespace) -> int:
         source = load_head(target, args.head)
         head_type = source.head_type
         kind = kind_of(head_type)
-        if kind == "medusa":
-            from specgraft.heads.medusa_tree import head_topk_accuracy
+        from specgraft.heads.registry import family_of
 
-            prior = head_topk_accuracy(source).tolist()
+        prior_hook = family_of(source).hooks.get("tuning_prior")
+        if prior_hook is not None:
+            prior = prior_hook(source)
         heads, drafts = [(str(args.head), source, head_type)], []
     else:
         source = _load_draft_model(str(args.draft), target, dtype, device)[0]

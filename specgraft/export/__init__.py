@@ -10,15 +10,15 @@ and push them to the Hugging Face Hub.
 
 from specgraft.export.card import render_model_card
 from specgraft.export.exporter import ExportResult, export_head, load_export, read_export_meta
-from specgraft.export.layouts import FORMATS, SUPPORTED, formats_for
+from specgraft.export.layouts import FORMATS, formats_for, supported_formats
 from specgraft.export.push import plan_push, push_folder
 
 __all__ = [
     "FORMATS",
-    "SUPPORTED",
     "ExportResult",
     "export_head",
     "formats_for",
+    "supported_formats",
     "load_export",
     "plan_push",
     "push_folder",

@@ -11,9 +11,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-#: Human names and Hub tags of the head types.
-HEAD_NAMES = {"medusa": "Medusa", "eagle": "EAGLE-1/2", "eagle3": "EAGLE-3"}
-HEAD_TAGS = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3"}
 FORMAT_TAGS = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt-llm", "native": "specgraft"}
 FORMAT_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "native": "specgraft (native)"}
 
@@ -51,14 +48,15 @@ def render_model_card(head_meta: Mapping[str, Any], recipe_dict: Mapping[str, An
     base = str(head_meta.get("base_model") or target.get("name_or_path") or "the target model")
     where = repo_id or str(head_meta.get("local_path") or "PATH/TO/THIS/FOLDER")
     lic = license or head_meta.get("license") or "other"
-    name = HEAD_NAMES.get(head_type, head_type)
-    tags = ["speculative-decoding", "draft-model", HEAD_TAGS.get(head_type, head_type),
+    text = _card_text(head_type)
+    name = text.title if text is not None else head_type
+    tags = ["speculative-decoding", "draft-model", head_type,
             FORMAT_TAGS.get(format, format), "specgraft"]
     lines = ["---", *_hub_metadata(base, lic), "library_name: specgraft",
              "tags:", *[f"- {t}" for t in dict.fromkeys(tags)], "---", ""]
     lines += [f"# {name} draft head for {base}", ""]
-    lines += _about(head_meta, head_type, base, format)
-    lines += _serving(head_meta, head_type, base, format, where)
+    lines += _about(head_meta, head_type, text, base, format)
+    lines += _serving(head_meta, head_type, text, base, format, where)
     lines += _training(head_meta, recipe_dict)
     lines += _evaluation(report)
     notes = list(head_meta.get("export_notes") or [])
@@ -93,26 +91,23 @@ def _yaml_str(value: str) -> str:
     return json.dumps(str(value))  # a JSON string is a valid YAML scalar, quotes and all
 
 
-def _about(meta: Mapping[str, Any], head_type: str, base: str, fmt: str) -> list[str]:
+def _card_text(head_type: str) -> Any:
+    """The family's :class:`~specgraft.heads.registry.CardText` (None for a type no family registers)."""
+    from specgraft.errors import SpecgraftError
+    from specgraft.heads.registry import get_family
+
+    try:
+        return get_family(head_type).card
+    except SpecgraftError:
+        return None
+
+
+def _about(meta: Mapping[str, Any], head_type: str, text: Any, base: str, fmt: str) -> list[str]:
     cfg = meta.get("config") or {}
     target = meta.get("target") or {}
     params = meta.get("num_parameters")
     size = f" ({params / 1e6:.1f}M trainable parameters)" if isinstance(params, (int, float)) else ""
-    if head_type == "medusa":
-        shared = "the target's own lm_head" if cfg.get("share_lm_head") else "one vocabulary projection per head"
-        what = (f"{cfg.get('num_heads')} Medusa heads{size}: head k reads the target's last hidden state and predicts "
-                f"the token k+2 positions ahead through {cfg.get('num_layers')} residual block(s) and {shared}.")
-    elif head_type == "eagle":
-        what = (f"An EAGLE-1/2 draft{size}: {cfg.get('num_layers')} decoder layer(s) that predict the target's next "
-                "feature from its last hidden state and the next token's embedding; the target's embeddings and "
-                "lm_head are reused, so the files hold only the draft layers.")
-    elif head_type == "eagle3":
-        what = (f"An EAGLE-3 draft{size}: fuses target layers {cfg.get('feature_layers')} (transformers "
-                f"output_hidden_states indices), runs {cfg.get('num_layers')} draft layer(s) and predicts over a "
-                f"{cfg.get('draft_vocab_size')}-token draft vocabulary (trained with {cfg.get('ttt_steps')}-step "
-                "training-time test).")
-    else:
-        what = f"A {head_type} draft head{size}."
+    what = text.describe(cfg, size) if text is not None else f"A {head_type} draft head{size}."
     return [
         what, "",
         f"It only proposes tokens: the target ({base}, {target.get('architecture', '?')}, "
@@ -144,37 +139,41 @@ def _tuned_section(tuned: Mapping[str, Any] | None) -> list[str]:
     return lines
 
 
-def _serving(meta: Mapping[str, Any], head_type: str, base: str, fmt: str, where: str) -> list[str]:
+def _serving(meta: Mapping[str, Any], head_type: str, text: Any, base: str, fmt: str, where: str) -> list[str]:
     tuned = meta.get("tuned") or None
     engines = (tuned or {}).get("engines") or {}
-    if head_type == "medusa":
+    cfg = meta.get("config") or {}
+    if text is not None and text.vllm_tokens_are_heads:
         # vLLM maps a Medusa draft's num_speculative_tokens onto its number of heads: it must be exactly that.
-        n = int((meta.get("config") or {}).get("num_heads", EXAMPLE_DRAFT_TOKENS))
+        n = int(cfg.get("num_heads", EXAMPLE_DRAFT_TOKENS))
     else:
         n = int(engines.get("vllm", {}).get("num_speculative_tokens", EXAMPLE_DRAFT_TOKENS))
     sgl = engines.get("sglang") or {"speculative_num_steps": n, "speculative_eagle_topk": 1,
                                     "speculative_num_draft_tokens": n + 1}
     lines = ["## Serving", ""] + _tuned_section(tuned)
-    method = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3"}.get(head_type, head_type)
-    vllm_here = fmt == "vllm"
-    vllm_where = where if vllm_here else "PATH/TO/VLLM/EXPORT"
-    lines += ["### vLLM", ""]
-    if not vllm_here:
-        lines += [f"Export the head with `specgraft export HEAD_DIR --format vllm --out DIR` first; this folder is "
-                  f"in the {FORMAT_NAMES.get(fmt, fmt)} layout.", ""]
-    if head_type == "eagle3":
-        lines += ["The config carries a `speculators_config`, so the draft folder alone is enough:", "",
-                  "```bash", f"vllm serve {vllm_where}", "```", "", "or, with the target named explicitly:", ""]
-    spec = json.dumps({"model": vllm_where, "method": method, "num_speculative_tokens": n})
-    lines += ["```bash", f"vllm serve {base} --speculative-config '{spec}'", "```", ""]
+    method = text.vllm_method if text is not None else None
+    if method is not None:
+        vllm_here = fmt == "vllm"
+        vllm_where = where if vllm_here else "PATH/TO/VLLM/EXPORT"
+        lines += ["### vLLM", ""]
+        if not vllm_here:
+            lines += [f"Export the head with `specgraft export HEAD_DIR --format vllm --out DIR` first; this folder "
+                      f"is in the {FORMAT_NAMES.get(fmt, fmt)} layout.", ""]
+        if text.config_is_self_contained:
+            lines += ["The config carries a `speculators_config`, so the draft folder alone is enough:", "",
+                      "```bash", f"vllm serve {vllm_where}", "```", "", "or, with the target named explicitly:", ""]
+        spec = json.dumps({"model": vllm_where, "method": method, "num_speculative_tokens": n})
+        lines += ["```bash", f"vllm serve {base} --speculative-config '{spec}'", "```", ""]
     lines += ["### SGLang", ""]
-    if head_type == "medusa":
-        lines += ["SGLang does not serve Medusa heads; use vLLM or TensorRT-LLM.", ""]
+    algo = text.sglang_algorithm if text is not None else None
+    if algo is None:
+        lines += [f"SGLang does not serve {text.title if text is not None else head_type} heads; use "
+                  f"{'vLLM' if method else 'the specgraft decoder'}"
+                  f"{' or TensorRT-LLM' if text is not None and text.trtllm_lines else ''}.", ""]
     else:
         sgl_where = where if fmt == "sglang" else "PATH/TO/SGLANG/EXPORT"
         if fmt != "sglang":
             lines += ["Export with `--format sglang` first (SGLang's EAGLE classes read a different layout).", ""]
-        algo = "EAGLE3" if head_type == "eagle3" else "EAGLE"
         lines += ["```bash", f"python -m sglang.launch_server --model-path {base} \\",
                   f"  --speculative-algorithm {algo} --speculative-draft-model-path {sgl_where} \\",
                   f"  --speculative-num-steps {sgl['speculative_num_steps']} --speculative-eagle-topk "
@@ -182,32 +181,10 @@ def _serving(meta: Mapping[str, Any], head_type: str, base: str, fmt: str, where
                   f"{sgl['speculative_num_draft_tokens']}",
                   "```", "", "SGLang counts the root token in `--speculative-num-draft-tokens`; vLLM's "
                   "`num_speculative_tokens` does not.", ""]
-    if fmt == "trtllm":
-        lines += _trtllm(meta, head_type, base, where, engines.get("trtllm") or {})
-    return lines
-
-
-def _trtllm(meta: Mapping[str, Any], head_type: str, base: str, where: str,
-            tuned: Mapping[str, Any]) -> list[str]:
-    cfg = meta.get("config") or {}
-    max_draft_len = int(tuned.get("max_draft_len", EXAMPLE_DRAFT_TOKENS))
-    lines = ["### TensorRT-LLM", ""]
-    if head_type == "medusa":
-        lines += ["The files follow the FasterDecoding layout (`medusa_lm_head.safetensors`, which TensorRT-LLM's "
-                  "Medusa converter reads like the reference `.pt`):", "", "```bash",
-                  f"python examples/medusa/convert_checkpoint.py --model_dir {base} --medusa_model_dir {where} \\",
-                  f"  --num_medusa_heads {cfg.get('num_heads')} --output_dir ./tllm_ckpt", "```", ""]
-        if tuned.get("medusa_choices"):
-            lines += ["The tuned tree (`medusa_choices` for the engine build, also in `config.json`):", "",
-                      "```", json.dumps(tuned["medusa_choices"]), "```", ""]
-    else:
-        ids = [int(i) - 1 for i in cfg.get("feature_layers") or []]
-        lines += ["PyTorch backend (`trtllm-serve ... --extra_llm_api_options spec.yaml`), `spec.yaml`:", "",
-                  "```yaml", "speculative_config:", "  decoding_type: Eagle3",
-                  f"  max_draft_len: {max_draft_len}",
-                  f"  speculative_model_dir: {where}", f"  eagle3_layers_to_capture: {ids}", "```", "",
-                  "TensorRT-LLM numbers the captured layers by the decoder layer whose output it takes "
-                  "(output_hidden_states index minus one).", ""]
+    if fmt == "trtllm" and text is not None and text.trtllm_lines is not None:
+        trt = engines.get("trtllm") or {}
+        lines += ["### TensorRT-LLM", ""]
+        lines += text.trtllm_lines(cfg, base, where, trt, int(trt.get("max_draft_len", EXAMPLE_DRAFT_TOKENS)))
     return lines
 
 

@@ -17,14 +17,16 @@ import sys
 
 from specgraft.export.convert import DEFAULT_SPECULATIVE_TOKENS
 from specgraft.export.exporter import DTYPE_NAMES, export_head
-from specgraft.export.layouts import FORMATS, SUPPORTED
+from specgraft.export.layouts import FORMATS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specgraft export``."""
-    support = "; ".join(f"{head}: {', '.join(fmts)}" for head, fmts in SUPPORTED.items())
     parser.add_argument("head_dir", metavar="HEAD_DIR", help="A head folder written by `specgraft train`.")
-    parser.add_argument("--format", required=True, choices=FORMATS, help=f"Target layout ({support}).")
+    parser.add_argument("--format", required=True, choices=FORMATS,
+                        help="Target layout; a format that cannot hold the head's family is refused, naming the "
+                             "formats that can (medusa: vllm, trtllm; eagle: vllm, sglang; eagle3: vllm, sglang, "
+                             "trtllm; dflash: vllm; native holds every family).")
     parser.add_argument("--out", required=True, metavar="DIR", help="Output folder (created; must be empty).")
     parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty output folder.")
     parser.add_argument("--target", metavar="PATH",

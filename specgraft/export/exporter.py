@@ -36,7 +36,7 @@ from specgraft.export.convert import (
     to_engine,
     tuned_engine_settings,
 )
-from specgraft.export.layouts import WEIGHTS_FILE, require_supported
+from specgraft.export.layouts import engine_exporter, require_supported
 from specgraft.export.target_info import TargetInfo, resolve_target
 from specgraft.heads.base import (
     ADAPTER_DIR,
@@ -116,16 +116,25 @@ def vllm_method_from_path(path: str) -> str | None:
     return None
 
 
+def _vllm_method(head_type: str) -> str | None:
+    """The vLLM method name of a family (its card's ``vllm_method``), when vLLM serves it."""
+    from specgraft.heads.registry import get_family
+
+    card = get_family(head_type).card
+    return card.vllm_method if card is not None else None
+
+
 def vllm_name_warnings(path: str, head_type: str, what: str = "path") -> list[str]:
     """Warnings for a draft ``path`` (a folder or a Hub repo id) that vLLM's name detection would misread."""
     inferred = vllm_method_from_path(path)
-    expected = head_type if head_type in VLLM_NAME_MARKERS else None
+    method = _vllm_method(head_type)
+    expected = method if method in VLLM_NAME_MARKERS else None
     if inferred == expected:
         return []
     if expected is None:
         return [f"the {what} {path} contains {'eagle-' if inferred == 'eagle' else 'eagle3'!r}, so vLLM will serve "
                 f"this {head_type} head as {inferred} unless the method is given; rename it"]
-    marker = VLLM_NAME_MARKERS[head_type][0]
+    marker = VLLM_NAME_MARKERS[expected][0]
     if inferred is None:
         return [f"the {what} {path} lacks {marker!r}, so vLLM will not recognise this {head_type} head unless the "
                 f"method is given (--speculative-config '{{\"method\": \"{head_type}\", ...}}')"]
@@ -138,8 +147,9 @@ def export_path(out: str | Path, head_type: str, fmt: str, keep_name: bool = Fal
     out = Path(out)
     if fmt != "vllm":
         return out, []
-    if head_type in VLLM_NAME_MARKERS and not keep_name:
-        marker, suffix = VLLM_NAME_MARKERS[head_type]
+    method = _vllm_method(head_type)
+    if method in VLLM_NAME_MARKERS and not keep_name:
+        marker, suffix = VLLM_NAME_MARKERS[method]
         if marker not in out.name.lower():
             out = out.with_name(out.name + suffix)
     return out, vllm_name_warnings(str(out.resolve()), head_type)
@@ -367,7 +377,7 @@ def export_head(
                              dtype=DTYPE_NAMES[dtype] if dtype else None, speculative_tokens=speculative_tokens)
             notes += ckpt.notes
             apply_tuned(ckpt.config, head_type, fmt, engines)
-            weights_name = WEIGHTS_FILE[(head_type, fmt)]
+            weights_name = engine_exporter(head_type, fmt).weights_file
             save_file({k: v.contiguous() for k, v in ckpt.tensors.items()}, str(tmp / weights_name),
                       metadata={"format": "pt"})
             _verify_written(tmp / weights_name, ckpt.tensors)
@@ -520,7 +530,7 @@ def load_export(path: str | Path, target: Target) -> DraftHead:
         return load_head(target, path)
     TargetIdentity.from_dict(meta["target"]).require_compatible(target.identity, what=f"{head_type} export")
     config_file = path / CONFIG_NAME
-    weights = path / WEIGHTS_FILE[(head_type, fmt)]
+    weights = path / engine_exporter(head_type, fmt).weights_file
     for file in (config_file, weights):
         if not file.is_file():
             raise SpecgraftError(f"{path} lacks {file.name}; the export is incomplete, re-export the head")
@@ -530,7 +540,7 @@ def load_export(path: str | Path, target: Target) -> DraftHead:
     head = cls(cls.Config(**meta["config"]), target)
     want = head.state_dict()
     tensors = load_file(str(weights))
-    lm_head = target.output_head.weight.detach().cpu() if head_type == "medusa" else None
+    lm_head = target.output_head.weight.detach().cpu()  # for families that borrow it (Medusa's shared lm_head)
     state = from_engine(head_type, fmt, tensors, engine_config, meta["config"], want, lm_head)
     bad = [k for k in want if tuple(state[k].shape) != tuple(want[k].shape)]
     if bad:
@@ -545,15 +555,13 @@ def _check_engine_config(config: dict[str, Any], head_type: str, fmt: str, targe
     """The exported config must describe ``target`` (sizes, RoPE base, norms)."""
     tc = target.text_config
     layer = config.get("transformer_layer_config", config)
-    if head_type == "medusa":
-        checks = {"hidden_size": tc.hidden_size, "vocab_size": tc.vocab_size}
-    else:
-        from specgraft.export.target_info import rope_fields
+    from specgraft.export.target_info import rope_fields
 
-        checks = {"hidden_size": tc.hidden_size, "vocab_size": tc.vocab_size,
-                  "max_position_embeddings": tc.max_position_embeddings, "rms_norm_eps": float(tc.rms_norm_eps),
-                  "num_attention_heads": tc.num_attention_heads, "rope_theta": rope_fields(tc)["rope_theta"]}
-    for key, value in checks.items():
+    checks = {"hidden_size": tc.hidden_size, "vocab_size": tc.vocab_size,
+              "max_position_embeddings": tc.max_position_embeddings, "rms_norm_eps": float(tc.rms_norm_eps),
+              "num_attention_heads": tc.num_attention_heads, "rope_theta": rope_fields(tc)["rope_theta"]}
+    for key in engine_exporter(head_type, fmt).checked_config_keys:
+        value = checks[key]
         if layer.get(key) != value:
             raise SpecgraftError(f"the {fmt} export's config has {key}={layer.get(key)!r} but the target has "
                                  f"{value!r}; it was exported for another target")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -36,25 +37,6 @@ from specgraft.errors import SpecgraftError
 
 #: Every export format, in the order the CLI lists them.
 FORMATS: tuple[str, ...] = ("vllm", "sglang", "trtllm", "native")
-
-#: Which formats can hold which head type (native holds everything).
-SUPPORTED: dict[str, tuple[str, ...]] = {
-    "medusa": ("vllm", "trtllm", "native"),
-    "eagle": ("vllm", "sglang", "native"),
-    "eagle3": ("vllm", "sglang", "trtllm", "native"),
-}
-
-#: Weight file names per (head type, format).
-WEIGHTS_FILE: dict[tuple[str, str], str] = {
-    ("medusa", "vllm"): "model.safetensors",
-    ("medusa", "trtllm"): "medusa_lm_head.safetensors",
-    ("eagle", "vllm"): "model.safetensors",
-    ("eagle", "sglang"): "model.safetensors",
-    ("eagle3", "vllm"): "model.safetensors",
-    ("eagle3", "sglang"): "model.safetensors",
-    ("eagle3", "trtllm"): "model.safetensors",
-}
-
 
 @dataclass(frozen=True)
 class Dims:
@@ -121,7 +103,7 @@ class TensorRule:
     """float | int64 | bool."""
 
 
-def _llama_layer(prefix: str, loops: tuple[str, ...], qkv_in: str = "hidden",
+def llama_layer(prefix: str, loops: tuple[str, ...], qkv_in: str = "hidden",
                  input_norm: bool = True, hidden_norm: bool = False) -> tuple[TensorRule, ...]:
     """The tensors of one Llama decoder layer (q/k/v read ``qkv_in`` features)."""
     rules = [
@@ -145,65 +127,17 @@ def _llama_layer(prefix: str, loops: tuple[str, ...], qkv_in: str = "hidden",
     return tuple(rules)
 
 
-_EAGLE3_TAIL = (
+EAGLE3_TAIL = (
     TensorRule("norm.weight", ("hidden",)),
     TensorRule("lm_head.weight", ("draft_vocab", "hidden")),
 )
-
-#: (head type, format) -> the exact tensors the engine loads.
-LAYOUTS: dict[tuple[str, str], tuple[TensorRule, ...]] = {
-    ("medusa", "vllm"): (
-        TensorRule("blocks.{k}.layers.{l}.weight", ("hidden", "hidden"), ("k", "l")),
-        TensorRule("blocks.{k}.layers.{l}.bias", ("hidden",), ("k", "l")),
-        TensorRule("lm_heads.{k}.weight", ("vocab", "hidden"), ("k",), unless="shared_lm_head"),
-        TensorRule("lm_heads.0.weight", ("vocab", "hidden"), when="shared_lm_head"),
-    ),
-    ("medusa", "trtllm"): (
-        TensorRule("{k}.{l}.linear.weight", ("hidden", "hidden"), ("k", "l")),
-        TensorRule("{k}.{l}.linear.bias", ("hidden",), ("k", "l")),
-        TensorRule("{k}.{medusa_layers}.weight", ("vocab", "hidden"), ("k",)),
-    ),
-    ("eagle", "vllm"): (
-        TensorRule("fc.weight", ("hidden", "2*hidden")),
-        *_llama_layer("layers.{j}", ("j",), input_norm=False),
-        TensorRule("layers.{j1}.input_layernorm.weight", ("hidden",), ("j1",)),
-    ),
-    ("eagle", "sglang"): (
-        TensorRule("fc.weight", ("hidden", "2*hidden")),
-        TensorRule("fc.bias", ("hidden",)),
-        *_llama_layer("layers.{j}", ("j",), input_norm=False),
-        TensorRule("layers.{j1}.input_layernorm.weight", ("hidden",), ("j1",)),
-    ),
-    ("eagle3", "vllm"): (
-        TensorRule("fc.weight", ("hidden", "num_features*hidden")),
-        *_llama_layer("layers.0", (), qkv_in="2*hidden", hidden_norm=True),
-        *_llama_layer("layers.{j1}", ("j1",)),
-        *_EAGLE3_TAIL,
-        TensorRule("d2t", ("draft_vocab",), dtype="int64"),
-        TensorRule("t2d", ("vocab",), dtype="bool"),
-    ),
-    ("eagle3", "sglang"): (
-        TensorRule("fc.weight", ("hidden", "num_features*hidden")),
-        *_llama_layer("midlayer", (), qkv_in="2*hidden", hidden_norm=True),
-        *_EAGLE3_TAIL,
-        TensorRule("d2t", ("draft_vocab",), dtype="int64"),
-        TensorRule("t2d", ("vocab",), dtype="bool"),
-    ),
-    ("eagle3", "trtllm"): (
-        TensorRule("fc.weight", ("hidden", "num_features*hidden")),
-        TensorRule("fc.bias", ("hidden",), when="fc_bias"),
-        *_llama_layer("midlayer", (), qkv_in="2*hidden", hidden_norm=True),
-        *_EAGLE3_TAIL,
-        TensorRule("d2t", ("draft_vocab",), when="draft_vocab_smaller", dtype="int64"),
-    ),
-}
 
 _DTYPES = {"int64": (torch.int64,), "bool": (torch.bool,)}
 
 
 def expected_tensors(head_type: str, fmt: str, dims: Dims) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, dtype kind) of every tensor the engine loads for ``dims``."""
-    rules = LAYOUTS[(head_type, fmt)]
+    rules = engine_exporter(head_type, fmt).layout
     out: dict[str, tuple[tuple[int, ...], str]] = {}
     fields = {name: getattr(dims, name) for name in dims.__dataclass_fields__}
     for rule in rules:
@@ -238,16 +172,37 @@ def check_tensors(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, tu
                                  "re-save the head")
 
 
+def engine_exporter(head_type: str, fmt: str) -> Any:
+    """The registered :class:`~specgraft.heads.registry.EngineExporter` of ``head_type`` for ``fmt`` (refused,
+    naming the formats that can, when the format cannot hold the family)."""
+    from specgraft.heads.registry import get_family
+
+    if fmt not in FORMATS:
+        raise SpecgraftError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+    family = get_family(head_type)
+    if fmt not in family.exporters:
+        raise SpecgraftError(f"the {fmt} format cannot hold a {head_type} head; export it as one of "
+                             f"{', '.join(family.formats)}")
+    return family.exporters[fmt]
+
+
 def formats_for(head_type: str) -> tuple[str, ...]:
-    """The formats that can hold ``head_type``."""
-    return SUPPORTED.get(head_type, ("native",))
+    """The formats that can hold ``head_type`` (native holds every family)."""
+    from specgraft.heads.registry import get_family
+
+    return get_family(head_type).formats
+
+
+def supported_formats() -> dict[str, tuple[str, ...]]:
+    """Every registered family -> the formats that hold it."""
+    from specgraft.heads.registry import family_names
+
+    return {name: formats_for(name) for name in family_names()}
 
 
 def require_supported(head_type: str, fmt: str) -> None:
     """Refuse a (head type, format) pair the format cannot hold, naming the formats that can."""
-    if fmt not in FORMATS:
+    if fmt != "native":
+        engine_exporter(head_type, fmt)
+    elif fmt not in FORMATS:
         raise SpecgraftError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
-    allowed = formats_for(head_type)
-    if fmt not in allowed:
-        raise SpecgraftError(f"the {fmt} format cannot hold a {head_type} head; export it as one of "
-                             f"{', '.join(allowed)}")

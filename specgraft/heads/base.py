@@ -34,34 +34,11 @@ RECIPE_NAME = "recipe.yaml"
 ADAPTER_DIR = "adapter"  # Medusa-2's LoRA adapter (peft format) inside a head folder
 FORMAT_VERSION = 1
 
-_REGISTRY: dict[str, type[DraftHead]] = {}
-
-
-def register_head(cls: type[DraftHead]) -> type[DraftHead]:
-    """Class decorator: make ``cls`` loadable by its ``head_type``."""
-    if not getattr(cls, "head_type", None):
-        raise TypeError(f"{cls.__name__} must define a non-empty head_type")
-    _REGISTRY[cls.head_type] = cls
-    return cls
-
-
 def head_class(head_type: str) -> type[DraftHead]:
-    """The registered class of ``head_type`` (imports the built-in families on first use)."""
-    _import_builtin_heads()
-    try:
-        return _REGISTRY[head_type]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY)) or "none"
-        raise SpecgraftError(f"unknown head type {head_type!r}; known types: {known}") from None
+    """The registered :class:`DraftHead` class of ``head_type`` (see :mod:`specgraft.heads.registry`)."""
+    from specgraft.heads.registry import get_family
 
-
-def _import_builtin_heads() -> None:
-    import importlib
-    import importlib.util
-
-    for module in ("specgraft.heads.medusa", "specgraft.heads.eagle", "specgraft.heads.eagle3"):
-        if importlib.util.find_spec(module) is not None:
-            importlib.import_module(module)
+    return get_family(head_type).head
 
 
 @dataclass
@@ -76,8 +53,9 @@ class HeadLoss:
 class DraftHead(nn.Module):
     """Base class of every draft head family.
 
-    Subclasses define ``head_type``, a hyper-parameter dataclass ``Config`` (JSON-serialisable fields), and
-    implement :meth:`build`, :meth:`required_layers` and :meth:`training_loss`.
+    Subclasses define ``head_type``, a hyper-parameter dataclass ``Config`` (JSON-serialisable fields; the family's
+    typed recipe section, with ``resolve(target)`` filling target-derived fields), and implement :meth:`build`,
+    :meth:`required_layers` and :meth:`training_loss`.
     """
 
     head_type: ClassVar[str] = ""
@@ -100,12 +78,6 @@ class DraftHead(nn.Module):
     def build(cls, target: Target, config: Any) -> DraftHead:
         """A freshly initialised head for ``target`` (subclasses initialise from the target's weights)."""
         return cls(config, target)
-
-    @classmethod
-    def config_from_recipe(cls, head_cfg: Any, target: Target) -> Any:
-        """This family's ``Config`` from a recipe's flat :class:`~specgraft.config.HeadConfig` (defaults resolved
-        against ``target``, e.g. EAGLE-3's layer ids); raises SpecgraftError for invalid combinations."""
-        raise NotImplementedError
 
     @property
     def target(self) -> Target:

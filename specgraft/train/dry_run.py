@@ -74,7 +74,7 @@ def dry_run_recipe(recipe: Recipe, trainer_cls: Any = None) -> dict[str, Any]:
     except SpecgraftError as exc:
         data_problem = str(exc)
     model_type = guess_model_type(recipe.model.name_or_path)
-    needed = max(recipe.head.feature_layers or [0])
+    needed = max(getattr(recipe.head, "feature_layers", None) or [0])
     layers = max(4, needed + 3)
     model = tiny_model(model_type, num_hidden_layers=layers)
     target = Target(model, tiny_tokenizer(), name_or_path=f"dry-run stand-in for {recipe.model.name_or_path}")
@@ -97,7 +97,7 @@ def dry_run_recipe(recipe: Recipe, trainer_cls: Any = None) -> dict[str, Any]:
         stand_in.training.gradient_accumulation_steps = 1
         stand_in.training.mixed_precision = "no"
         stand_in.training.feature_cache_dir = str(Path(tmp) / "features")
-        if stand_in.head.draft_vocab_size:
+        if getattr(stand_in.head, "draft_vocab_size", None):
             stand_in.head.draft_vocab_size = min(stand_in.head.draft_vocab_size, target.vocab_size)
         stand_in.output.dir = str(Path(tmp) / "out")
         stand_in.tracking.backend = "none"

@@ -38,6 +38,7 @@ from specgraft.heads.base import (
     head_class,
     trainable_parameters,
 )
+from specgraft.heads.registry import get_family
 from specgraft.target import Target, TargetOutput, target_from_config
 from specgraft.train import checkpoint as ckpt
 from specgraft.utils.io import atomic_write_json
@@ -536,9 +537,9 @@ class HeadTrainer(RecipeTrainer):
     def build_model(self, target: Target) -> tuple[torch.nn.Module, list[dict[str, Any]]]:
         r, tr = self.recipe, self.recipe.training
         cls = head_class(r.head.type)
-        head = cls.build(target, cls.config_from_recipe(r.head, target))
+        head = cls.build(target, r.head.resolve(target))
         self._built_head = head
-        counts, heldout = self.token_counts(target.vocab_size, r.head.draft_vocab_heldout_every)
+        counts, heldout = self.token_counts(target.vocab_size, getattr(r.head, "draft_vocab_heldout_every", 0))
         self.data_facts = head.prepare_from_data(counts, heldout) or {}
         for key, value in self.data_facts.items():
             logger.info("%s: %s", key, value)
@@ -548,43 +549,32 @@ class HeadTrainer(RecipeTrainer):
         groups = [{"params": params, "lr": tr.learning_rate}]
         self.peft_model = None
         if r.lora.enabled:
-            from specgraft.train.medusa2 import Medusa2Step, apply_lora
-
-            if r.head.type != "medusa":
+            lora_step = get_family(r.head.type).hooks.get("lora_step")
+            if lora_step is None:
                 raise SpecgraftError(f"lora (Medusa-2) needs head.type medusa, got {r.head.type}; "
                                      "set lora.enabled=false or head.type=medusa")
-            self.peft_model = apply_lora(target, r.lora)
+            step, self.peft_model = lora_step(head, target, r.lora)
             lora_params = [p for p in self.peft_model.parameters() if p.requires_grad]
             groups.append({"params": lora_params, "lr": r.lora.learning_rate or tr.learning_rate / 4})
-            return Medusa2Step(head, self.peft_model, target, r.lora), groups
+            return step, groups
         return _TrainStep(head, target), groups
 
     #: Held-out batches used to measure a Medusa head's per-position top-k accuracy (its static tree).
     accuracy_batches = 16
 
     def before_final_save(self) -> dict[str, Any]:
-        """Medusa: measure each head's top-k accuracy on held-out data (or training rows when there is no eval
-        split) and store it in the head, so the drafter builds its static tree from measured numbers."""
-        head = self.head
-        if not hasattr(head, "set_topk_accuracy"):
+        """The family's ``train_metrics`` hook (Medusa: each head's top-k accuracy, for its static tree) on held-out
+        data, or on training rows when there is no eval split."""
+        hook = get_family(self.recipe.head.type).hooks.get("train_metrics")
+        if hook is None:
             return {}
-        from specgraft.heads.medusa_tree import measure_topk_accuracy
-
         source = self.eval_dataset if self.eval_dataset is not None and len(self.eval_dataset) else self.dataset
         pad_id = self.target.tokenizer.pad_token_id if self.target.tokenizer is not None else None
         loader = DataLoader(source.with_format("torch") if hasattr(source, "with_format") else source,
                             batch_size=self.recipe.training.micro_batch_size,
                             collate_fn=lambda feats: _collate_tokens(feats, pad_id))
-        head.eval()
-        accuracy = measure_topk_accuracy(head, self.target, loader, max_batches=self.accuracy_batches)
-        head.train()
-        head.set_topk_accuracy(accuracy)
-        measured_on = "held-out" if source is self.eval_dataset else "training"
-        logger.info("medusa top-1 accuracy per head (%s data): %s", measured_on,
-                    ", ".join(f"{a:.3f}" for a in accuracy[:, 0].tolist()))
-        return {"medusa_top1_accuracy": [round(a, 4) for a in accuracy[:, 0].tolist()],
-                "medusa_top5_accuracy": [round(a, 4) for a in accuracy[:, :5].sum(-1).tolist()],
-                "accuracy_measured_on": measured_on}
+        return hook(self.head, self.target, loader, max_batches=self.accuracy_batches,
+                    measured_on="held-out" if source is self.eval_dataset else "training")
 
     def feature_layers(self) -> tuple[tuple[int, ...], bool]:
         head = self._built_head

@@ -37,8 +37,8 @@ def disk(tmp_path_factory):
     draft.save_pretrained(root / "draft_tok")
     other_tok.save_pretrained(root / "draft_tok")
 
-    from specgraft.heads.eagle import EagleConfig, EagleHead
-    from specgraft.heads.medusa import MedusaConfig, MedusaHead
+    from specgraft.heads.eagle.model import EagleConfig, EagleHead
+    from specgraft.heads.medusa.model import MedusaConfig, MedusaHead
 
     wrapped = Target(target, tok, name_or_path=str(root / "target"))
     MedusaHead.build(wrapped, MedusaConfig(num_heads=2, hidden_size=64, vocab_size=320)).save_pretrained(

@@ -23,15 +23,14 @@ from typing import Any
 import pytest
 import torch
 
-from specgraft.config import HeadConfig
 from specgraft.eval.decoder import SpeculativeDecoder
 from specgraft.eval.drafter import DraftContext, Drafter
 from specgraft.eval.drafters import DraftModelDrafter, RandomDrafter
 from specgraft.eval.tree import DraftTree
 from specgraft.eval.verify import SamplingParams, process_logits
 from specgraft.heads import head_class
-from specgraft.heads.eagle_drafter import EagleDrafter
-from specgraft.heads.medusa_tree import MedusaDrafter
+from specgraft.heads.eagle.drafter import EagleDrafter
+from specgraft.heads.medusa.drafter import MedusaDrafter
 from specgraft.target import Target
 from specgraft.testing import tiny_model
 
@@ -167,7 +166,7 @@ def head_drafter(world: dict[str, Any], head_type: str) -> Drafter:
     cls = head_class(head_type)
     torch.manual_seed(0)
     overrides = {"num_heads": 2} if head_type == "medusa" else {}
-    head = cls.build(target, cls.config_from_recipe(HeadConfig(type=head_type, **overrides), target))
+    head = cls.build(target, cls.Config(**overrides).resolve(target))
     with torch.no_grad():
         for p in head.parameters():  # a random (untrained) head that still agrees with the target now and then
             p.add_(torch.randn_like(p) * 0.05)

@@ -217,7 +217,7 @@ def disk(tmp_path_factory):
     target = tiny_model("llama")
     target.save_pretrained(root / "target")
     tok.save_pretrained(root / "target")
-    from specgraft.heads.medusa import MedusaConfig, MedusaHead
+    from specgraft.heads.medusa.model import MedusaConfig, MedusaHead
 
     wrapped = Target(target, tok, name_or_path=str(root / "target"))
     MedusaHead.build(wrapped, MedusaConfig(num_heads=2, hidden_size=64, vocab_size=320)).save_pretrained(

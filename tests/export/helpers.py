@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from specgraft.heads.base import head_class
-from specgraft.heads.eagle_layers import causal_additive_mask
+from specgraft.heads.layers import causal_additive_mask
 from specgraft.target import Target, load_target
 from specgraft.testing import tiny_model, tiny_tokenizer
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from specgraft.export import SUPPORTED, export_head, load_export, read_export_meta
+from specgraft.export import export_head, load_export, read_export_meta, supported_formats
 from specgraft.export.target_info import rope_fields
 from specgraft.heads.base import load_head
 
-from .helpers import head_outputs, make_head, save_tiny_target
+from .helpers import HEAD_CONFIGS, head_outputs, make_head, save_tiny_target
 
-PAIRS = [(head, fmt) for head, fmts in SUPPORTED.items() for fmt in fmts]
+PAIRS = [(head, fmt) for head, fmts in supported_formats().items() if head in HEAD_CONFIGS for fmt in fmts]
 
 _LLAMA = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
           "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "post_attention_layernorm.weight"]

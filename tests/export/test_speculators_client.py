@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specgraft.export import export_head
-from specgraft.heads.eagle_layers import causal_additive_mask
+from specgraft.heads.layers import causal_additive_mask
 
 from .helpers import make_head, save_tiny_target
 

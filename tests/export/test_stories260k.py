@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgraft.export import SUPPORTED, export_head, load_export
+from specgraft.export import export_head, load_export, supported_formats
 from specgraft.heads.base import load_head
 from specgraft.target import load_target
 
@@ -29,7 +29,7 @@ def test_stories260k_round_trip(head_type, stories_target, tmp_path):
     head = make_head(stories_target, head_type, **overrides)
     head_dir = head.save_pretrained(tmp_path / "head")
     reference = head_outputs(load_head(stories_target, head_dir), stories_target)
-    for fmt in SUPPORTED[head_type]:
+    for fmt in supported_formats()[head_type]:
         out = export_head(head_dir, fmt, tmp_path / f"stories-{fmt}").path
         torch.testing.assert_close(head_outputs(load_export(out, stories_target), stories_target), reference,
                                    rtol=0, atol=0, msg=f"{head_type} via {fmt}")

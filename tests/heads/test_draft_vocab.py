@@ -93,7 +93,8 @@ def test_trainer_reports_coverage_on_heldout_rows(tiny_llama, tmp_path):
     coverage is measured on every 4th row's loss tokens (and the training coverage on the counted rows)."""
     import datasets
 
-    from specgraft.config import DataConfig, HeadConfig, ModelConfig, OutputConfig, Recipe
+    from specgraft.config import DataConfig, ModelConfig, OutputConfig, Recipe
+    from specgraft.heads.eagle3.config import Eagle3Config
     from specgraft.target import Target
     from specgraft.train.trainer import HeadTrainer
 
@@ -114,7 +115,7 @@ def test_trainer_reports_coverage_on_heldout_rows(tiny_llama, tmp_path):
     expected_train = sum(n for t, n in counted.items() if t in chosen) / sum(counted.values())
 
     recipe = Recipe(model=ModelConfig("tiny"), data=DataConfig("unused"), output=OutputConfig(str(tmp_path / "o")),
-                    head=HeadConfig(type="eagle3", draft_vocab_size=vd, draft_vocab_heldout_every=every))
+                    head=Eagle3Config(draft_vocab_size=vd, draft_vocab_heldout_every=every))
     target = Target(tiny_llama)
     trainer = HeadTrainer(recipe, target=target, dataset=ds, show_progress=False)
     trainer.build_model(target)

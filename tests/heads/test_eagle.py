@@ -9,18 +9,17 @@ import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache
 
-from specgraft.config import HeadConfig
 from specgraft.errors import SpecgraftError
 from specgraft.heads import head_class, load_head
-from specgraft.heads.eagle import EagleConfig, EagleHead, eagle1_loss
-from specgraft.heads.eagle_layers import causal_additive_mask
+from specgraft.heads.eagle.model import EagleConfig, EagleHead, eagle1_loss
+from specgraft.heads.layers import causal_additive_mask
 from specgraft.target import Target, TargetOutput
 from specgraft.testing import tiny_model
 
 
 def _head(target: Target, **overrides) -> EagleHead:
     cls = head_class("eagle")
-    cfg = cls.config_from_recipe(HeadConfig(type="eagle", **overrides), target)
+    cfg = cls.Config(**overrides).resolve(target)
     torch.manual_seed(1)
     return cls.build(target, cfg)
 

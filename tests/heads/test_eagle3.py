@@ -7,18 +7,17 @@ import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache
 
-from specgraft.config import HeadConfig
 from specgraft.errors import SpecgraftError
 from specgraft.heads import head_class, load_head
-from specgraft.heads.eagle3 import Eagle3Head, eagle3_ttt_loss
-from specgraft.heads.eagle_layers import causal_additive_mask
+from specgraft.heads.eagle3.model import Eagle3Head, eagle3_ttt_loss
+from specgraft.heads.layers import causal_additive_mask
 from specgraft.target import Target, TargetOutput
 from specgraft.testing import tiny_model
 
 
 def _head(target: Target, counts: torch.Tensor | None = None, **overrides) -> Eagle3Head:
     cls = head_class("eagle3")
-    cfg = cls.config_from_recipe(HeadConfig(type="eagle3", **overrides), target)
+    cfg = cls.Config(**overrides).resolve(target)
     torch.manual_seed(1)
     head = cls.build(target, cfg)
     if counts is not None:
@@ -234,14 +233,14 @@ def test_bad_inputs(tiny_llama):
     target = Target(tiny_llama)
     cls = head_class("eagle3")
     with pytest.raises(SpecgraftError, match="out of range"):
-        cls.config_from_recipe(HeadConfig(type="eagle3", feature_layers=[1, 2, 5]), target)
+        cls.Config(feature_layers=[1, 2, 5]).resolve(target)
     with pytest.raises(SpecgraftError, match="out of range"):
-        cls.config_from_recipe(HeadConfig(type="eagle3", feature_layers=[-1, 2, 3]), target)
+        cls.Config(feature_layers=[-1, 2, 3]).resolve(target)
     with pytest.raises(SpecgraftError, match="draft_vocab_size"):
-        cls.config_from_recipe(HeadConfig(type="eagle3", draft_vocab_size=target.vocab_size + 1), target)
+        cls.Config(draft_vocab_size=target.vocab_size + 1).resolve(target)
     with pytest.raises(SpecgraftError, match="feature_layers"):
-        cls.config_from_recipe(HeadConfig(type="eagle3", feature_layers=[]), target)
-    good = cls.config_from_recipe(HeadConfig(type="eagle3"), target)
+        cls.Config(feature_layers=[]).resolve(target)
+    good = cls.Config().resolve(target)
     good.feature_layers = [0, 9]  # e.g. a hand-edited head_config.json
     with pytest.raises(SpecgraftError, match="out of range"):
         Eagle3Head(good, target)

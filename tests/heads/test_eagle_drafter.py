@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from specgraft.config import HeadConfig
 from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.eval.decoder import SpeculativeDecoder
 from specgraft.eval.drafter import DraftContext
 from specgraft.eval.tree import depths
 from specgraft.eval.verify import SamplingParams
 from specgraft.heads import head_class
-from specgraft.heads.eagle_drafter import EagleDrafter
+from specgraft.heads.eagle.drafter import EagleDrafter
 from specgraft.target import Target
 from specgraft.testing import tiny_model
 
@@ -20,9 +21,11 @@ HEAD_TYPES = ("eagle", "eagle3")
 
 
 def build_head(target: Target, head_type: str, **overrides):
+    """A fresh head; ``overrides`` the family's config does not have are dropped (the tests share one set)."""
     cls = head_class(head_type)
+    fields = {f.name for f in dataclasses.fields(cls.Config)}
     torch.manual_seed(0)
-    return cls.build(target, cls.config_from_recipe(HeadConfig(type=head_type, **overrides), target))
+    return cls.build(target, cls.Config(**{k: v for k, v in overrides.items() if k in fields}).resolve(target))
 
 
 def self_generated(target: Target, prompts: int, new_tokens: int, prompt_len: int = 4, seed: int = 0,
@@ -147,7 +150,7 @@ def test_tree_shape_limits_and_sibling_order(llama_trained):
 
 def drafter_root_topk(drafter: EagleDrafter, ctx: DraftContext, k: int) -> list[int]:
     """The draft's top-k tokens for the root's children, computed independently (one full causal pass)."""
-    from specgraft.heads.eagle_layers import causal_additive_mask
+    from specgraft.heads.layers import causal_additive_mask
 
     head = drafter.head
     n = ctx.length - 1

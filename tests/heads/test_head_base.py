@@ -11,10 +11,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import specgraft.heads.base as base
-from specgraft.config import HeadConfig
 from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.heads.base import HEAD_CONFIG_NAME, HEAD_WEIGHTS_NAME, DraftHead, load_head, read_head_config
-from specgraft.heads.medusa import MedusaHead
+from specgraft.heads.medusa.model import MedusaHead
 from specgraft.target import Target
 from specgraft.testing import tiny_model, tiny_tokenizer
 
@@ -28,8 +27,7 @@ def target() -> Target:
 
 
 def make_head(target: Target, seed: int = 0, **overrides) -> MedusaHead:
-    head = MedusaHead.build(target, MedusaHead.config_from_recipe(HeadConfig(**{"num_heads": 2, **overrides}),
-                                                                  target))
+    head = MedusaHead.build(target, MedusaHead.Config(**{"num_heads": 2, **overrides}).resolve(target))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # leave the identity init so a round trip that drops the blocks would show
         for p in head.parameters():

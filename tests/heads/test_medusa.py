@@ -5,18 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgraft.config import HeadConfig
 from specgraft.errors import SpecgraftError
 from specgraft.heads.base import head_class
 from specgraft.heads.losses import topk_accuracy
-from specgraft.heads.medusa import MedusaConfig, MedusaHead, _CrossEntropySum, medusa_loss, medusa_num_parameters
+from specgraft.heads.medusa.model import MedusaConfig, MedusaHead, _CrossEntropySum, medusa_loss, medusa_num_parameters
 from specgraft.target import Target
 from specgraft.testing import tiny_model
 
 
 def make_head(target: Target, **overrides) -> MedusaHead:
-    cfg = HeadConfig(**{"num_heads": 3, "num_layers": 2, **overrides})
-    return MedusaHead.build(target, MedusaHead.config_from_recipe(cfg, target))
+    cfg = MedusaHead.Config(**{"num_heads": 3, "num_layers": 2, **overrides})
+    return MedusaHead.build(target, cfg.resolve(target))
 
 
 def batch_for(ids: torch.Tensor, loss_mask: torch.Tensor | None = None,
@@ -51,7 +50,7 @@ def reference_medusa_loss(logits, ids, loss_mask, attention_mask, decay):
 def test_registered_and_configured_from_recipe():
     target = Target(tiny_model("llama"))
     assert head_class("medusa") is MedusaHead
-    cfg = MedusaHead.config_from_recipe(HeadConfig(num_heads=4, num_layers=2, loss_decay=0.5), target)
+    cfg = MedusaHead.Config(num_heads=4, num_layers=2, loss_decay=0.5).resolve(target)
     assert (cfg.num_heads, cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.loss_decay) == (4, 2, 64, 320, 0.5)
     head = MedusaHead.build(target, cfg)
     assert head.required_layers() == (4,)
@@ -63,7 +62,7 @@ def test_registered_and_configured_from_recipe():
 def test_invalid_sizes_raise(field, value):
     target = Target(tiny_model("llama"))
     with pytest.raises(SpecgraftError, match=field):
-        MedusaHead.config_from_recipe(HeadConfig(**{field: value}), target)  # validate() never ran on it
+        MedusaHead.Config(**{field: value}).resolve(target)  # validate() never ran on it
     with pytest.raises(SpecgraftError, match=field):
         MedusaHead(MedusaConfig(**{"hidden_size": 64, "vocab_size": 320, field: value}), target)
 

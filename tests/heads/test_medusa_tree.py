@@ -7,7 +7,6 @@ import itertools
 import pytest
 import torch
 
-from specgraft.config import HeadConfig
 from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.eval.decoder import SpeculativeDecoder, generate_reference
 from specgraft.eval.drafter import DraftContext
@@ -15,8 +14,7 @@ from specgraft.eval.metrics import summarize
 from specgraft.eval.tree import depths
 from specgraft.eval.verify import SamplingParams
 from specgraft.heads.base import load_head
-from specgraft.heads.medusa import MedusaHead
-from specgraft.heads.medusa_tree import (
+from specgraft.heads.medusa.drafter import (
     DEFAULT_NUM_NODES,
     MedusaDrafter,
     MedusaTree,
@@ -26,6 +24,7 @@ from specgraft.heads.medusa_tree import (
     head_topk_accuracy,
     measure_topk_accuracy,
 )
+from specgraft.heads.medusa.model import MedusaHead
 from specgraft.target import Target, load_target
 from specgraft.testing import tiny_model, tiny_tokenizer
 
@@ -33,8 +32,8 @@ PROMPTS = ([1, 50, 60, 70], [1, 100, 7], [1, 33, 44, 55, 66, 77], [1, 210, 9, 9]
 
 
 def make_head(target: Target, num_heads: int = 3, **overrides) -> MedusaHead:
-    cfg = HeadConfig(num_heads=num_heads, num_layers=1, **overrides)
-    return MedusaHead.build(target, MedusaHead.config_from_recipe(cfg, target))
+    cfg = MedusaHead.Config(num_heads=num_heads, num_layers=1, **overrides)
+    return MedusaHead.build(target, cfg.resolve(target))
 
 
 def train_heads(head: MedusaHead, target: Target, ids: torch.Tensor, steps: int = 40, lr: float = 3e-3) -> None:

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from specgraft.cli import main as cli_main
 from specgraft.heads import load_head
+from specgraft.heads.medusa.medusa2 import kl_base_to_adapted
 from specgraft.target import load_target
-from specgraft.train.medusa2 import kl_base_to_adapted
 
 from .test_trainer import tiny_run  # noqa: F401  (fixture)
 

@@ -26,7 +26,7 @@ from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.eval.acceptance import AcceptanceRecorder
 from specgraft.eval.drafter import DraftContext, Drafter
 from specgraft.eval.tree import DraftTree, TreeStructure, tree_structure
-from specgraft.heads.medusa import MedusaHead, label_mask
+from specgraft.heads.medusa.model import MedusaHead, label_mask
 from specgraft.target import Target, tokenizer_fingerprint
 
 #: Draft nodes of the default tree (the root not counted): with the root, one verification forward of 64 tokens.
@@ -378,3 +378,64 @@ class MedusaDrafter(Drafter):
 
     def accept(self, accepted_node_indices: Sequence[int], bonus_token: int) -> None:
         self.acceptance.record(self._last_parents, accepted_node_indices, ranks=self._ranks)
+
+
+# -- registry hooks: settings (eval flags, tuned.json) -> drafter ------------------------------------------------
+def setting_from_flags(*, mode: str | None = None, k: int | None = None, tree_size: int | None = None,
+                       top_k: int | None = None) -> dict[str, Any]:
+    """``specgraft eval``'s --mode/--k/--tree-size as a Medusa setting (unset flags keep the drafter defaults)."""
+    if top_k is not None:
+        raise SpecgraftError("--eagle-top-k applies to eagle/eagle3 heads, not medusa")
+    if tree_size is not None and tree_size < 2:
+        raise SpecgraftError(f"--tree-size counts the root, so it must be >= 2, got {tree_size}")
+    setting: dict[str, Any] = {"mode": mode or "tree"}
+    if tree_size is not None:
+        setting["tree_size"] = int(tree_size)
+    if k is not None:
+        setting["depth"] = int(k)
+    return setting
+
+
+def drafter_from_setting(head: MedusaHead, setting: Mapping[str, Any]) -> MedusaDrafter:
+    """A drafter at ``setting``: a tuned tree (``paths``) or a tree/chain of ``tree_size`` tokens (root counted)
+    and at most ``depth`` levels."""
+    if "paths" in setting:
+        return MedusaDrafter(head, mode="tree", paths=setting["paths"])
+    kwargs: dict[str, Any] = {"mode": setting.get("mode", "tree")}
+    if setting.get("tree_size") is not None:
+        kwargs["num_nodes"] = int(setting["tree_size"]) - 1
+    if setting.get("depth") is not None:
+        kwargs["max_depth"] = int(setting["depth"])
+    return MedusaDrafter(head, **kwargs)
+
+
+def describe_drafter(drafter: MedusaDrafter) -> dict[str, Any]:
+    return {"k": drafter.tree.depth, "tree_size": drafter.tree.size + 1}
+
+
+def default_setting(head: MedusaHead) -> dict[str, Any]:
+    """The tree an untuned `specgraft eval` drafts, built from the head's stored accuracies."""
+    tree = build_sparse_tree(head_topk_accuracy(head).tolist(), DEFAULT_NUM_NODES)
+    return {"mode": "tree", "tree_size": tree.size + 1, "depth": tree.depth, "paths": [list(p) for p in tree.paths]}
+
+
+def tuning_prior(head: MedusaHead) -> list[list[float]]:
+    """The per-head top-k accuracies ``tune`` uses as the prior of its acceptance model."""
+    return head_topk_accuracy(head).tolist()
+
+
+def train_metrics(head: MedusaHead, target: Target, batches: Iterable[Any], max_batches: int,
+                  measured_on: str) -> dict[str, Any]:
+    """Registry hook run once after training: measure each head's top-k accuracy on ``batches`` and store it in
+    the head, so the drafter builds its static tree from measured numbers; returns the facts worth logging."""
+    import logging
+
+    head.eval()
+    accuracy = measure_topk_accuracy(head, target, batches, max_batches=max_batches)
+    head.train()
+    head.set_topk_accuracy(accuracy)
+    logging.getLogger(__name__).info("medusa top-1 accuracy per head (%s data): %s", measured_on,
+                                     ", ".join(f"{a:.3f}" for a in accuracy[:, 0].tolist()))
+    return {"medusa_top1_accuracy": [round(a, 4) for a in accuracy[:, 0].tolist()],
+            "medusa_top5_accuracy": [round(a, 4) for a in accuracy[:, :5].sum(-1).tolist()],
+            "accuracy_measured_on": measured_on}

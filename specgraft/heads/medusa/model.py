@@ -15,7 +15,6 @@ across layers; tests pin that no two parameters share storage).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,46 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgraft.errors import SpecgraftError
-from specgraft.heads.base import DraftHead, HeadLoss, register_head
+from specgraft.heads.base import DraftHead, HeadLoss
 from specgraft.heads.losses import decayed_sum, linear_cross_entropy
+from specgraft.heads.medusa.config import MedusaConfig
 from specgraft.target import Target, TargetOutput
-
-
-@dataclass
-class MedusaConfig:
-    """Hyper-parameters of a set of Medusa heads (saved in ``head_config.json``)."""
-
-    num_heads: int = 3
-    """K: head k predicts the token k+2 positions ahead."""
-    num_layers: int = 1
-    """Residual blocks per head."""
-    share_lm_head: bool = False
-    """Borrow the target's frozen lm_head instead of one trainable vocabulary projection per head."""
-    loss_decay: float = 0.8
-    """Head k's loss weight is loss_decay**k."""
-    hidden_size: int = 0
-    """The target's hidden size h."""
-    vocab_size: int = 0
-    """Rows of the target's lm_head V."""
-    topk_accuracy: list[list[float]] | None = None
-    """Measured [K, topk] accuracies (P(head k's i-th choice is the right token)) used to build the static
-    decoding tree; None until :func:`specgraft.heads.medusa_tree.measure_topk_accuracy` has run."""
-
-    def validate(self) -> None:
-        """Raise :class:`SpecgraftError` for sizes that cannot make a head."""
-        for name in ("num_heads", "num_layers", "hidden_size", "vocab_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                fix = (f"set head.{name} to 1 or more" if name in ("num_heads", "num_layers")
-                       else "build the head config from the target (MedusaHead.config_from_recipe)")
-                raise SpecgraftError(f"medusa {name} must be a positive integer, got {value!r}; {fix}")
-        if not 0.0 < float(self.loss_decay) <= 1.0:
-            raise SpecgraftError(f"medusa loss_decay must be in (0, 1], got {self.loss_decay}; e.g. 0.8")
-        if self.topk_accuracy is not None:
-            rows = self.topk_accuracy
-            if len(rows) != self.num_heads or not rows or any(len(r) != len(rows[0]) or not r for r in rows):
-                raise SpecgraftError(f"medusa topk_accuracy must be a [num_heads={self.num_heads}, topk] matrix; "
-                                     "re-measure it with measure_topk_accuracy")
 
 
 class MedusaBlock(nn.Module):
@@ -86,7 +49,6 @@ class MedusaBlock(nn.Module):
         return x
 
 
-@register_head
 class MedusaHead(DraftHead):
     """K Medusa heads grafted onto a frozen target; see the module docstring."""
 
@@ -128,24 +90,6 @@ class MedusaHead(DraftHead):
     def build(cls, target: Target, config: MedusaConfig) -> MedusaHead:
         """Fresh heads: identity residual blocks and vocabulary projections copied from the target's lm_head."""
         return cls(config, target)
-
-    @classmethod
-    def config_from_recipe(cls, head_cfg: Any, target: Target) -> MedusaConfig:
-        """A :class:`MedusaConfig` from the recipe's flat head section, sized for ``target``."""
-        head_type = getattr(head_cfg, "type", cls.head_type)
-        if head_type != cls.head_type:
-            raise SpecgraftError(f"head.type is {head_type!r}, not medusa; use that family's head class")
-        weight = target.output_head.weight
-        config = MedusaConfig(
-            num_heads=head_cfg.num_heads,
-            num_layers=head_cfg.num_layers,
-            share_lm_head=bool(head_cfg.share_lm_head),
-            loss_decay=float(head_cfg.loss_decay),
-            hidden_size=int(weight.shape[1]),
-            vocab_size=int(weight.shape[0]),
-        )
-        config.validate()
-        return config
 
     def required_layers(self) -> tuple[int, ...]:
         """The target's last hidden state (post final norm)."""

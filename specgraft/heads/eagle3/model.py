@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,16 +32,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgraft.errors import SpecgraftError
-from specgraft.heads.base import HeadLoss, register_head
+from specgraft.heads.base import HeadLoss
 from specgraft.heads.draft_vocab import (
     build_draft_vocab,
     check_draft_vocab_size,
-    default_draft_vocab_size,
     draft_to_target_ids,
     vocab_coverage,
 )
-from specgraft.heads.eagle import EagleHeadBase
-from specgraft.heads.eagle_layers import (
+from specgraft.heads.eagle.model import EagleHeadBase
+from specgraft.heads.eagle3.config import Eagle3Config
+from specgraft.heads.layers import (
     EAGLE_ATTENTION,
     Eagle3MidLayer,
     TTTKeys,
@@ -57,35 +56,8 @@ from specgraft.target import Target, TargetOutput
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Eagle3Config:
-    """Hyper-parameters of an EAGLE-3 head (saved in ``head_config.json``)."""
-
-    feature_layers: list[int] = field(default_factory=list)
-    """output_hidden_states indices of the target fused by fc (resolved; default (2, N//2, N-3))."""
-    draft_vocab_size: int = 0
-    """Vd, the size of the draft vocabulary (resolved; default min(32000, V))."""
-    num_layers: int = 1
-    """Draft layers: the midlayer plus num_layers - 1 plain decoder layers."""
-    fc_bias: bool = False
-    ttt_steps: int = 7
-    """Training-time-test unrolled steps S."""
-    loss_decay: float = 0.8
-    """Step s's loss weight is loss_decay**s."""
-
-    def validate(self) -> None:
-        if not self.feature_layers:
-            raise SpecgraftError("eagle3 feature_layers is empty; list the target layers to fuse, e.g. [2, 16, 29], "
-                                 "or leave head.feature_layers unset for (2, N//2, N-3)")
-        for name in ("num_layers", "ttt_steps", "draft_vocab_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecgraftError(f"eagle3 {name} must be a positive integer, got {value!r}; set head.{name}")
-        if not 0.0 < float(self.loss_decay) <= 1.0:
-            raise SpecgraftError(f"eagle3 loss_decay must be in (0, 1], got {self.loss_decay}; e.g. 0.8")
 
 
-@register_head
 class Eagle3Head(EagleHeadBase):
     """EAGLE-3 draft head (see the module docstring)."""
 
@@ -123,25 +95,6 @@ class Eagle3Head(EagleHeadBase):
         head = cls(config, target)
         head._init_from_target()
         return head
-
-    @classmethod
-    def config_from_recipe(cls, head_cfg: Any, target: Target) -> Eagle3Config:
-        layers = head_cfg.feature_layers
-        if layers is None:
-            layers = list(target.default_eagle3_layers())
-            if target.num_layers <= 6:
-                logger.warning("target %s has only %d layers, where (2, N//2, N-3) would repeat a layer; EAGLE-3 "
-                               "fuses layers %s instead", target.name_or_path, target.num_layers, layers)
-        layers = [int(i) for i in layers]
-        target.check_layer_indices(layers, what="head.feature_layers index")
-        vocab = head_cfg.draft_vocab_size
-        vocab = default_draft_vocab_size(target.vocab_size) if vocab is None else int(vocab)
-        check_draft_vocab_size(vocab, target.vocab_size)
-        cfg = Eagle3Config(feature_layers=layers, draft_vocab_size=vocab, num_layers=int(head_cfg.num_layers),
-                           fc_bias=bool(head_cfg.fc_bias), ttt_steps=int(head_cfg.ttt_steps),
-                           loss_decay=float(head_cfg.loss_decay))
-        cfg.validate()
-        return cfg
 
     @torch.no_grad()
     def _init_from_target(self) -> None:
@@ -224,7 +177,7 @@ class Eagle3Head(EagleHeadBase):
         Step s at index i: input token ``x_{i+s+1}`` (zero embedding past the end), hidden = fc(target features)
         at s = 0 else the step-(s-1) output at i, position ``i + s``; attention over step-0 keys ``0..i``
         (causal, padding keys masked) plus this index's keys of steps 1..s (see
-        :func:`~specgraft.heads.eagle_layers.eagle_attention_forward`). Its logits predict ``x_{i+s+2}``.
+        :func:`~specgraft.heads.layers.eagle_attention_forward`). Its logits predict ``x_{i+s+2}``.
         """
         steps = self.config.ttt_steps if steps is None else int(steps)
         input_ids = batch["input_ids"]  # [B, T]

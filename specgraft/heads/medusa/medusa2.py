@@ -84,3 +84,9 @@ class Medusa2Step(nn.Module):
         metrics = dict(heads.metrics)
         metrics.update({"loss/lm": lm.detach(), "loss/kl_to_base": kl.detach(), "loss/heads": heads.loss.detach()})
         return HeadLoss(loss=total, metrics=metrics)
+
+
+def lora_step(head: DraftHead, target: Target, lora_cfg: Any) -> tuple[nn.Module, nn.Module]:
+    """Registry hook: the Medusa-2 training step and the peft-wrapped target (its adapter trains with the heads)."""
+    peft_model = apply_lora(target, lora_cfg)
+    return Medusa2Step(head, peft_model, target, lora_cfg), peft_model

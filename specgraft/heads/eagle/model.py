@@ -27,16 +27,15 @@ loss (assistant) token; uniform noise U(-a, a) is added to the input features du
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgraft.errors import SpecgraftError
-from specgraft.heads.base import DraftHead, HeadLoss, register_head
-from specgraft.heads.eagle_layers import (
+from specgraft.heads.base import DraftHead, HeadLoss
+from specgraft.heads.eagle.config import EagleConfig
+from specgraft.heads.layers import (
     EAGLE_ATTENTION,
     RotaryPositions,
     build_decoder_layer,
@@ -50,30 +49,6 @@ from specgraft.target import Target, TargetOutput
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class EagleConfig:
-    """Hyper-parameters of an EAGLE-1/2 head (saved in ``head_config.json``)."""
-
-    num_layers: int = 1
-    """Draft decoder layers of the target's family (the reference uses one)."""
-    fc_bias: bool = False
-    """Bias in fc (the Vicuna drafts had one; the Llama-3 drafts do not)."""
-    feature_noise: float = 0.1
-    """Half-width a of the uniform noise U(-a, a) added to input features during training."""
-    feature_loss_weight: float = 1.0
-    """Weight of the SmoothL1 next-feature loss."""
-    logit_loss_weight: float = 0.1
-    """Weight of the soft cross-entropy against the target distribution."""
-
-    def validate(self) -> None:
-        if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int) or self.num_layers < 1:
-            raise SpecgraftError(f"eagle num_layers must be a positive integer, got {self.num_layers!r}; "
-                                 "set head.num_layers to 1 or more")
-        if self.feature_noise < 0:
-            raise SpecgraftError(f"eagle feature_noise must be >= 0, got {self.feature_noise}; e.g. 0.1")
-        if self.feature_loss_weight < 0 or self.logit_loss_weight < 0:
-            raise SpecgraftError("eagle loss weights must be >= 0; e.g. feature_loss_weight 1.0, "
-                                 "logit_loss_weight 0.1")
 
 
 class EagleHeadBase(DraftHead):
@@ -132,7 +107,6 @@ class EagleHeadBase(DraftHead):
         return self.draft_forward(input_ids, hidden, position_ids, attention_mask, cache)
 
 
-@register_head
 class EagleHead(EagleHeadBase):
     """EAGLE-1/2 draft head (see the module docstring)."""
 
@@ -153,15 +127,6 @@ class EagleHead(EagleHeadBase):
         # The reference drops the first layer's input norm: fc's output goes straight into attention.
         self.layers[0].input_layernorm = nn.Identity()
         self.to(device=target.device)
-
-    @classmethod
-    def config_from_recipe(cls, head_cfg: Any, target: Target) -> EagleConfig:
-        cfg = EagleConfig(num_layers=int(head_cfg.num_layers), fc_bias=bool(head_cfg.fc_bias),
-                          feature_noise=float(head_cfg.feature_noise),
-                          feature_loss_weight=float(head_cfg.feature_loss_weight),
-                          logit_loss_weight=float(head_cfg.logit_loss_weight))
-        cfg.validate()
-        return cfg
 
     def required_layers(self) -> tuple[int, ...]:
         """The post-norm last hidden state (index N), which the target's lm_head reads."""

@@ -25,7 +25,7 @@ the full target vocabulary (zero outside an EAGLE-3 draft vocabulary). The greed
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,7 +36,7 @@ from specgraft.eval.acceptance import AcceptanceRecorder
 from specgraft.eval.drafter import DraftContext, Drafter
 from specgraft.eval.tree import DraftTree
 from specgraft.eval.verify import process_logits
-from specgraft.heads.eagle import EagleHeadBase
+from specgraft.heads.eagle.model import EagleHeadBase
 
 #: Drafting modes.
 MODES = ("tree", "chain")
@@ -266,3 +266,30 @@ def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[None, None]
+
+
+# -- registry hooks: settings (eval flags, tuned.json) -> drafter ------------------------------------------------
+def setting_from_flags(*, mode: str | None = None, k: int | None = None, tree_size: int | None = None,
+                       top_k: int | None = None) -> dict[str, Any]:
+    """``specgraft eval``'s --mode/--k/--tree-size/--eagle-top-k as an EAGLE setting (unset flags keep the drafter
+    defaults)."""
+    setting: dict[str, Any] = {"mode": mode or "tree"}
+    for key, value in (("depth", k), ("total_tokens", tree_size), ("top_k", top_k)):
+        if value is not None:
+            setting[key] = int(value)
+    return setting
+
+
+def drafter_from_setting(head: EagleHeadBase, setting: Mapping[str, Any]) -> EagleDrafter:
+    """A drafter at ``setting`` (mode, depth, top_k, total_tokens; absent keys take the drafter's defaults)."""
+    kwargs: dict[str, Any] = {"mode": setting.get("mode", "tree")}
+    keys = ("depth",) if kwargs["mode"] == "chain" else ("depth", "top_k", "total_tokens")
+    for key in keys:
+        if setting.get(key) is not None:
+            kwargs[key] = int(setting[key])
+    return EagleDrafter(head, **kwargs)
+
+
+def describe_drafter(drafter: EagleDrafter) -> dict[str, Any]:
+    return {"k": drafter.depth, "tree_size": drafter.total_tokens if drafter.mode == "tree" else drafter.depth + 1,
+            "top_k": drafter.top_k}

@@ -1,0 +1,83 @@
+"""The EAGLE-3 head's typed config: the recipe's ``head:`` section (``type: eagle3``) and ``head_config.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from specgraft.config import MAX_LAYER_INDEX, check_positive, check_range
+from specgraft.errors import ConfigError, SpecgraftError
+from specgraft.heads.draft_vocab import check_draft_vocab_size, default_draft_vocab_size
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Eagle3Config:
+    """Hyper-parameters of an EAGLE-3 head."""
+
+    type: ClassVar[str] = "eagle3"
+
+    feature_layers: list[int] | None = None
+    """output_hidden_states indices of the target fused by fc; unset: (2, N//2, N-3) of the target."""
+    draft_vocab_size: int | None = None
+    """Vd, the size of the reduced draft vocabulary; unset: min(32000, target vocab)."""
+    num_layers: int = 1
+    """Draft layers: the midlayer plus num_layers - 1 plain decoder layers."""
+    fc_bias: bool = False
+    """Bias in the fc fusion layer."""
+    ttt_steps: int = 7
+    """Training-time-test unrolled steps S."""
+    loss_decay: float = 0.8
+    """Step s's loss weight is loss_decay**s."""
+    draft_vocab_heldout_every: int = 20
+    """Every n-th training row (5% by default) is left out of the draft-vocabulary counts, and the reported
+    draft_vocab_coverage is measured on its loss tokens (coverage on the rows the vocabulary was counted from reads
+    high); 0 counts every row and reports only that training coverage."""
+
+    def check_recipe(self, path: str) -> None:
+        """The fields a recipe sets (the config loader calls this with the dotted path of the section)."""
+        check_positive(f"{path}.num_layers", self.num_layers)
+        check_positive(f"{path}.ttt_steps", self.ttt_steps)
+        check_range(f"{path}.loss_decay", self.loss_decay, 0.0, 1.0, low_open=True)
+        if self.draft_vocab_size is not None:
+            check_positive(f"{path}.draft_vocab_size", self.draft_vocab_size)
+        if self.draft_vocab_heldout_every < 0 or self.draft_vocab_heldout_every == 1:
+            raise ConfigError(f"{path}.draft_vocab_heldout_every is {self.draft_vocab_heldout_every}; use 0 (no "
+                              "hold-out) or 2 or more (every n-th row held out)")
+        if self.feature_layers is not None:
+            # Checked against the target's depth when it is loaded; this bound keeps a typo from building a
+            # stand-in with that many layers first (the deepest open models have a few hundred).
+            for i, layer in enumerate(self.feature_layers):
+                check_range(f"{path}.feature_layers[{i}]", layer, 0, MAX_LAYER_INDEX)
+
+    def resolve(self, target: Any) -> Eagle3Config:
+        """A complete copy for ``target``: default feature layers and draft vocabulary size filled in, checked
+        against its depth and vocabulary."""
+        layers = self.feature_layers
+        if layers is None:
+            layers = list(target.default_eagle3_layers())
+            if target.num_layers <= 6:
+                logger.warning("target %s has only %d layers, where (2, N//2, N-3) would repeat a layer; EAGLE-3 "
+                               "fuses layers %s instead", target.name_or_path, target.num_layers, layers)
+        layers = [int(i) for i in layers]
+        target.check_layer_indices(layers, what="head.feature_layers index")
+        vocab = self.draft_vocab_size
+        vocab = default_draft_vocab_size(target.vocab_size) if vocab is None else int(vocab)
+        check_draft_vocab_size(vocab, target.vocab_size)
+        config = dataclasses.replace(self, feature_layers=layers, draft_vocab_size=vocab)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if not self.feature_layers:
+            raise SpecgraftError("eagle3 feature_layers is empty; list the target layers to fuse, e.g. [2, 16, 29], "
+                                 "or leave head.feature_layers unset for (2, N//2, N-3)")
+        for name in ("num_layers", "ttt_steps", "draft_vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecgraftError(f"eagle3 {name} must be a positive integer, got {value!r}; set head.{name}")
+        if not 0.0 < float(self.loss_decay) <= 1.0:
+            raise SpecgraftError(f"eagle3 loss_decay must be in (0, 1], got {self.loss_decay}; e.g. 0.8")

@@ -1,0 +1,211 @@
+"""EAGLE-3's engine layouts (speculators / vLLM ``Eagle3LlamaForCausalLM``, SGLang ``LlamaForCausalLMEagle3``,
+TensorRT-LLM's PyTorch backend) and card text.
+
+Sources (checked facts, see ``specgraft/export/FORMATS.md``): the speculators layout (vLLM and the speculators
+package) is ``fc``, ``layers.0.*`` (2h-wide q/k/v, ``hidden_norm``), ``layers.{j}.*`` plain Llama layers,
+``norm``, ``lm_head``, ``d2t``, ``t2d``; SGLang and TensorRT-LLM have the same with ``midlayer.`` instead of
+``layers.0.``, one layer only; TensorRT-LLM has ``d2t`` only when the draft vocabulary is smaller than the
+target's and no ``t2d``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from specgraft.errors import SpecgraftError
+from specgraft.export.convert import (
+    BIAS_FORMATS,
+    EngineCheckpoint,
+    SourceState,
+    check_llama_compatible,
+    draft_dims,
+    engine_layer_ids,
+    layer_from_engine,
+    layer_has_bias,
+    layer_to_engine,
+    refuse_bias,
+    refuse_leftovers,
+)
+from specgraft.export.layouts import TensorRule, llama_layer
+from specgraft.export.target_info import TargetInfo, llama_draft_config
+from specgraft.heads.registry import CardText, EngineExporter
+
+#: EAGLE-3 default number of fused target layers (the engines' fc is sized for exactly this many).
+ENGINE_NUM_FEATURES = 3
+
+TAIL = (
+    TensorRule("norm.weight", ("hidden",)),
+    TensorRule("lm_head.weight", ("draft_vocab", "hidden")),
+)
+VLLM_LAYOUT = (
+    TensorRule("fc.weight", ("hidden", "num_features*hidden")),
+    *llama_layer("layers.0", (), qkv_in="2*hidden", hidden_norm=True),
+    *llama_layer("layers.{j1}", ("j1",)),
+    *TAIL,
+    TensorRule("d2t", ("draft_vocab",), dtype="int64"),
+    TensorRule("t2d", ("vocab",), dtype="bool"),
+)
+SGLANG_LAYOUT = (
+    TensorRule("fc.weight", ("hidden", "num_features*hidden")),
+    *llama_layer("midlayer", (), qkv_in="2*hidden", hidden_norm=True),
+    *TAIL,
+    TensorRule("d2t", ("draft_vocab",), dtype="int64"),
+    TensorRule("t2d", ("vocab",), dtype="bool"),
+)
+TRTLLM_LAYOUT = (
+    TensorRule("fc.weight", ("hidden", "num_features*hidden")),
+    TensorRule("fc.bias", ("hidden",), when="fc_bias"),
+    *llama_layer("midlayer", (), qkv_in="2*hidden", hidden_norm=True),
+    *TAIL,
+    TensorRule("d2t", ("draft_vocab",), when="draft_vocab_smaller", dtype="int64"),
+)
+
+
+def to_engine(fmt: str, state: Mapping[str, torch.Tensor], cfg: Mapping[str, Any], info: TargetInfo,
+              base_model: str, speculative_tokens: int) -> EngineCheckpoint:
+    check_llama_compatible(info, fmt, "eagle3")
+    layers = int(cfg["num_layers"])
+    feature_layers = [int(i) for i in cfg["feature_layers"]]
+    check_feature_layers(feature_layers, info.num_layers, fmt)
+    if layers != 1 and fmt != "vllm":
+        raise SpecgraftError(f"the {fmt} EAGLE-3 layout holds exactly one draft layer (the midlayer) but this head has "
+                             f"{layers}; export it as vllm or native")
+    src = SourceState(state)
+    qkv_bias, o_bias = layer_has_bias(src, "midlayer")
+    bias = qkv_bias or o_bias
+    if bias and fmt not in BIAS_FORMATS:
+        refuse_bias(fmt, "eagle3", "attention biases", (*BIAS_FORMATS, "native"))
+    if "fc.bias" in state and fmt in ("vllm", "sglang"):
+        # vLLM's fc has no bias; SGLang reads the fc bias switch from config "bias", which its Llama layer also
+        # reads as attention_bias, leaving an o_proj bias the checkpoint cannot fill.
+        refuse_bias(fmt, "eagle3", "fc bias", ("trtllm", "native"))
+    vd, vocab = int(cfg["draft_vocab_size"]), int(info.config.vocab_size)
+    dims = draft_dims(info, cfg, state, layers, bias, draft_vocab=vd, num_features=len(feature_layers),
+                       draft_vocab_smaller=vd < vocab)
+    tensors = {"fc.weight": src.take("fc.weight")}
+    if src.has("fc.bias"):
+        tensors["fc.bias"] = src.take("fc.bias")
+    mid = "layers.0" if fmt == "vllm" else "midlayer"
+    tensors.update(layer_to_engine(src, "midlayer", mid, dims, input_norm=True, hidden_norm=True))
+    for j in range(layers - 1):
+        tensors.update(layer_to_engine(src, f"layers.{j}", f"layers.{j + 1}", dims, input_norm=True,
+                                        hidden_norm=False))
+    tensors["norm.weight"] = src.take("norm.weight")
+    tensors["lm_head.weight"] = src.take("lm_head.weight")
+    d2t, t2d = src.take("d2t"), src.take("t2d")
+    if fmt != "trtllm" or vd < vocab:
+        tensors["d2t"] = d2t
+    if fmt != "trtllm":
+        tensors["t2d"] = t2d
+    refuse_leftovers(src, fmt, "eagle3", getattr(info.config, "model_type", "?"))
+    layer_cfg = llama_draft_config(info.config, layers, None, bias)
+    ids = engine_layer_ids(feature_layers, fmt)
+    notes = [f"fused target layers {feature_layers} (output_hidden_states) are written as {fmt} layer ids {ids}",
+             "the target's embedding table is not written (engines share the target's); a client that loads the "
+             "draft alone must copy it in (see FORMATS.md)"]
+    if fmt == "vllm":
+        verifier_arch = list(getattr(info.config, "architectures", None) or [info.skeleton.identity.architecture])
+        layer_cfg["architectures"] = ["LlamaForCausalLM"]
+        config = {
+            "architectures": ["Eagle3Speculator"],
+            "speculators_model_type": "eagle3",
+            "transformer_layer_config": layer_cfg,
+            "draft_vocab_size": vd,
+            # Our midlayer keeps the un-normed hidden state as the residual (vLLM defaults this to True when absent).
+            "norm_before_residual": False,
+            "target_hidden_size": dims.hidden,
+            "eagle_aux_hidden_state_layer_ids": ids,
+            "speculators_config": {
+                "algorithm": "eagle3",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
+                                      "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+                "default_proposal_method": "greedy",
+                "verifier": {"name_or_path": base_model, "architectures": verifier_arch},
+            },
+        }
+    else:
+        config = dict(layer_cfg)
+        config.update({
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "draft_vocab_size": vd,
+            "target_hidden_size": dims.hidden,
+            "bias": "fc.bias" in tensors,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        })
+        if fmt == "trtllm":
+            notes.append(f"TensorRT-LLM reads the fused layers from its LLM API options, not from this config: set "
+                         f"speculative_config.eagle3_layers_to_capture to {ids}")
+    return EngineCheckpoint(tensors, config, dims, notes)
+
+
+def from_engine(fmt: str, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any], cfg: Mapping[str, Any],
+                want: Mapping[str, torch.Tensor], used: set[str],
+                target_lm_head: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    names = set(want)
+    state: dict[str, torch.Tensor] = {}
+    for name in ("fc.weight", "fc.bias", "norm.weight", "lm_head.weight"):
+        if name in names:
+            state[name] = tensors[name]
+            used.add(name)
+    mid = "layers.0" if fmt == "vllm" else "midlayer"
+    state.update(layer_from_engine(tensors, mid, "midlayer", names, used))
+    for j in range(int(cfg["num_layers"]) - 1):
+        state.update(layer_from_engine(tensors, f"layers.{j + 1}", f"layers.{j}", names, used))
+    vd, vocab = int(cfg["draft_vocab_size"]), int(want["t2d"].numel())
+    d2t = tensors.get("d2t")
+    if d2t is None:
+        d2t = torch.zeros(vd, dtype=torch.int64)  # TensorRT-LLM omits d2t when the draft vocab is the full vocab
+    used.add("d2t")
+    state["d2t"] = d2t.to(torch.int64)
+    if "t2d" in tensors:
+        used.add("t2d")
+        state["t2d"] = tensors["t2d"].to(torch.bool)
+    else:
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[torch.arange(vd) + state["d2t"]] = True
+        state["t2d"] = t2d
+    return state
+
+
+def check_feature_layers(feature_layers: list[int], num_layers: int, fmt: str) -> None:
+    if len(feature_layers) != ENGINE_NUM_FEATURES:
+        raise SpecgraftError(f"{fmt} sizes the EAGLE-3 fc for exactly {ENGINE_NUM_FEATURES} fused target layers but "
+                             f"this head fuses {len(feature_layers)} ({feature_layers}); export it as native or "
+                             "train with 3 head.feature_layers")
+    bad = [i for i in feature_layers if not 1 <= int(i) <= num_layers - 1]
+    if bad:
+        raise SpecgraftError(f"EAGLE-3 feature layers {bad} cannot be captured by {fmt}: engines capture the "
+                             f"residual stream between decoder layers, i.e. output_hidden_states indices 1.."
+                             f"{num_layers - 1} (not the embeddings 0 nor the final normed state {num_layers}); "
+                             "export it as native or retrain with head.feature_layers inside that range")
+
+
+
+def describe(cfg: Mapping[str, Any], size: str) -> str:
+    return (f"An EAGLE-3 draft{size}: fuses target layers {cfg.get('feature_layers')} (transformers "
+            f"output_hidden_states indices), runs {cfg.get('num_layers')} draft layer(s) and predicts over a "
+            f"{cfg.get('draft_vocab_size')}-token draft vocabulary (trained with {cfg.get('ttt_steps')}-step "
+            "training-time test).")
+
+
+def trtllm_lines(cfg: Mapping[str, Any], base: str, where: str, tuned: Mapping[str, Any],
+                 max_draft_len: int) -> list[str]:
+    ids = [int(i) - 1 for i in cfg.get("feature_layers") or []]
+    return ["PyTorch backend (`trtllm-serve ... --extra_llm_api_options spec.yaml`), `spec.yaml`:", "",
+            "```yaml", "speculative_config:", "  decoding_type: Eagle3",
+            f"  max_draft_len: {max_draft_len}",
+            f"  speculative_model_dir: {where}", f"  eagle3_layers_to_capture: {ids}", "```", "",
+            "TensorRT-LLM numbers the captured layers by the decoder layer whose output it takes "
+            "(output_hidden_states index minus one).", ""]
+
+
+EXPORTERS = {
+    "vllm": EngineExporter("model.safetensors", VLLM_LAYOUT, to_engine, from_engine),
+    "sglang": EngineExporter("model.safetensors", SGLANG_LAYOUT, to_engine, from_engine),
+    "trtllm": EngineExporter("model.safetensors", TRTLLM_LAYOUT, to_engine, from_engine),
+}
+CARD = CardText(title="EAGLE-3", describe=describe, vllm_method="eagle3", sglang_algorithm="EAGLE3",
+                config_is_self_contained=True, trtllm_lines=trtllm_lines)
