@@ -181,7 +181,7 @@ def gguf_config(path: str | os.PathLike) -> Any:
     """
     from transformers import AutoConfig
 
-    from specgraft.target import _require_causal_lm
+    from specgraft.utils.models import require_causal_lm
 
     path = Path(path).expanduser()
     architecture = inspect_gguf(path)
@@ -195,7 +195,7 @@ def gguf_config(path: str | os.PathLike) -> Any:
             f"{path} holds a {architecture!r} model, which transformers cannot load from GGUF (it loads "
             f"{', '.join(_supported_architectures())}); use the original checkpoint of this model instead"
         ) from None
-    _require_causal_lm(config, f"{path} ({architecture})")
+    require_causal_lm(config, f"{path} ({architecture})")
     return config
 
 
@@ -236,7 +236,7 @@ def plain_model(loaded: LoadedGGUF, dtype: str = "float32") -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from specgraft.target import resolve_dtype
+    from specgraft.utils.models import resolve_dtype
 
     torch_dtype = resolve_dtype(dtype)
     if not isinstance(torch_dtype, torch.dtype):

@@ -23,25 +23,12 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.gguf import read_source, resolve_model_path
+from specgraft.utils.models import DTYPES, require_causal_lm, resolve_dtype  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
-    """Map a recipe dtype name to a torch dtype (``auto`` is passed through to transformers)."""
-    if isinstance(dtype, torch.dtype) or dtype == "auto":
-        return dtype
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise SpecgraftError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} or auto") from None
-
 
 def tokenizer_fingerprint(tokenizer: Any) -> str | None:
     """A short stable hash of a tokenizer's vocabulary and special-token ids (None without a tokenizer)."""
@@ -129,7 +116,7 @@ class Target:
 
     def __init__(self, model: PreTrainedModel, tokenizer: Any = None, name_or_path: str | None = None,
                  source: str | None = None) -> None:
-        _require_causal_lm(model.config, name_or_path or getattr(model, "name_or_path", "") or "the model")
+        require_causal_lm(model.config, name_or_path or getattr(model, "name_or_path", "") or "the model")
         self.model = model
         self.tokenizer = tokenizer
         self.model.requires_grad_(False)
@@ -285,21 +272,6 @@ class Target:
                 f"hidden={i.hidden_size}, vocab={i.vocab_size})")
 
 
-def _require_causal_lm(config: Any, where: str) -> None:
-    model_type = getattr(config, "model_type", None)
-    archs_saved = getattr(config, "architectures", None) or []
-    causal_classes = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
-    # Encoder families (BERT, RoBERTa, ...) have a causal-LM class too; a checkpoint saved as an encoder is not one.
-    saved_as_other = bool(archs_saved) and not any(a in causal_classes for a in archs_saved)
-    if (getattr(config, "is_encoder_decoder", False) or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-            or saved_as_other):
-        archs = ", ".join(getattr(config, "architectures", None) or []) or model_type
-        raise SpecgraftError(
-            f"{where} is a {model_type} model ({archs}), not a decoder-only causal LM; "
-            "pass a model that AutoModelForCausalLM loads (Llama, Qwen, Mistral, Gemma, Phi, ...)"
-        )
-
-
 def load_target(
     model: str | Path | PreTrainedModel,
     tokenizer: Any = None,
@@ -336,7 +308,7 @@ def load_target(
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecgraftError(f"could not load the model config of {name} ({first}); check the path or Hub id, "
                              "and log in with `hf auth login` for gated models") from None
-    _require_causal_lm(config, name)
+    require_causal_lm(config, name)
     kwargs: dict[str, Any] = dict(revision=revision, trust_remote_code=trust_remote_code,
                                   dtype=resolve_dtype(dtype))
     if attn_implementation:

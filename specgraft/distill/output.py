@@ -162,7 +162,7 @@ def load_draft(folder: str | Path, target: Target | None = None, *, dtype: str |
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specgraft.target import resolve_dtype
+    from specgraft.utils.models import resolve_dtype
 
     meta = read_draft_meta(folder)
     if target is not None:

@@ -27,7 +27,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.gguf import resolve_model_path
-from specgraft.target import Target, _require_causal_lm, resolve_dtype, tokenizer_fingerprint
+from specgraft.target import Target, tokenizer_fingerprint
+from specgraft.utils.models import require_causal_lm, resolve_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +236,7 @@ def load_student(name_or_path: str, target: Target, dtype: torch.dtype | str = t
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise SpecgraftError(f"could not load the config of distill.student {name_or_path} ({first}); "
                              "check the path or Hub id") from None
-    _require_causal_lm(config, f"distill.student {name_or_path}")
+    require_causal_lm(config, f"distill.student {name_or_path}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision,
                                                   trust_remote_code=trust_remote_code)

@@ -24,10 +24,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from specgraft.errors import SpecgraftError, TargetMismatchError
+from specgraft.errors import SpecgraftError
+from specgraft.eval.loading import check_device, device_and_dtype, load_draft_model  # noqa: F401 (re-exported)
 from specgraft.utils.args import int_list
 from specgraft.utils.io import folder_has_content, output_lock
-from specgraft.utils.threads import add_threads_argument, set_torch_threads
+from specgraft.utils.threads import add_threads_argument
 
 logger = logging.getLogger(__name__)
 
@@ -84,39 +85,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- drafters ---------------------------------------------------------------------------------------------------------
-def _load_draft_model(path: str, target: Any, dtype: Any, device: str) -> tuple[Any, Any]:
-    """The draft LM and its tokenizer (None when the folder has none), refusing another vocabulary/tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from specgraft.gguf import resolve_model_path
-    from specgraft.target import load_target, tokenizer_fingerprint
-
-    path = resolve_model_path(path)  # a .gguf draft becomes its cached converted folder
-    local = Path(path).expanduser()
-    if local.exists() and not (local / "config.json").is_file():
-        raise SpecgraftError(f"draft model folder {path} has no config.json; pass a transformers model folder")
-    tokenizer = None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError):
-        logger.info("draft model %s has no tokenizer; checking its vocabulary size only", path)
-    if tokenizer is not None:
-        draft = load_target(path, tokenizer, dtype=dtype, device=device).model
-    else:
-        draft = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    from specgraft.eval.kv import text_config
-
-    draft_vocab = int(text_config(draft).vocab_size)
-    if draft_vocab != target.vocab_size:
-        raise TargetMismatchError(f"the draft model {path} has a vocabulary of {draft_vocab} tokens but the target "
-                                  f"{target.name_or_path} has {target.vocab_size}; use a draft with the target's "
-                                  "vocabulary")
-    if tokenizer is not None and target.tokenizer is not None \
-            and tokenizer_fingerprint(tokenizer) != tokenizer_fingerprint(target.tokenizer):
-        raise TargetMismatchError(f"the draft model {path} has a different tokenizer from the target "
-                                  f"{target.name_or_path} (vocabulary or special tokens differ); use a draft trained "
-                                  "with the target's tokenizer")
-    return draft, tokenizer
 
 
 def _check_positive(name: str, value: int | None) -> None:
@@ -156,7 +124,7 @@ def build_drafter(args: argparse.Namespace, target: Any, dtype: Any, device: str
                                                                        "mode": "chain", **info}
     if args.drafter == "self":
         return SelfDrafter(k=k, tree_topk=branching), {"type": "self", "path": None, "mode": mode, **info}
-    draft, draft_tok = _load_draft_model(args.draft, target, dtype, device)
+    draft, draft_tok = load_draft_model(args.draft, target, dtype, device)
     explicit = args.k is not None or args.mode is not None or args.branching is not None
     tuned = _tuned_setting(args, Path(args.draft), explicit, target)
     if tuned is not None:
@@ -226,36 +194,8 @@ def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str,
     return drafter, info
 
 
-def _device_and_dtype(args: argparse.Namespace) -> tuple[str, str]:
-    import torch
-
-    set_torch_threads(args.threads)
-    device = check_device(args.device) if args.device else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
-    return device, dtype
 
 
-def check_device(name: str) -> str:
-    """``name`` if it is a torch device this machine has; a one-line error naming what it has otherwise."""
-    import torch
-
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise SpecgraftError(f"--device {name!r} is not a torch device name; use cpu, cuda, cuda:1 or mps") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise SpecgraftError(f"--device {name} but this torch ({torch.__version__}) sees no CUDA GPU; drop "
-                                 "--device (cpu is then used) or install a CUDA build of torch")
-        if device.index is not None and device.index >= count:
-            raise SpecgraftError(f"--device {name} but this machine has {count} CUDA GPU(s) (cuda:0 to "
-                                 f"cuda:{count - 1}); pick one of them")
-    elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise SpecgraftError(f"--device {name} but MPS is not available here; drop --device or use cpu")
-    elif device.type not in ("cpu", "cuda", "mps"):
-        raise SpecgraftError(f"--device {name}: specgraft evaluates on cpu, cuda or mps; use one of them")
-    return name
 
 
 def run(args: argparse.Namespace) -> int:
@@ -272,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     _refuse_existing_report(args)
     prompts = load_prompts(args.prompts, domain_field=args.domain_field, prompt_field=args.prompt_field,
                            limit_per_domain=args.limit_per_domain)
-    device, dtype = _device_and_dtype(args)
+    device, dtype = device_and_dtype(args)
 
     from specgraft.target import load_target
 

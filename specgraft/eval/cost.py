@@ -558,7 +558,7 @@ def run(args: argparse.Namespace) -> int:
     """Measure and write the profile."""
     import torch
 
-    from specgraft.eval.cli import _device_and_dtype, _load_draft_model
+    from specgraft.eval.loading import device_and_dtype, load_draft_model
     from specgraft.heads.base import load_head, read_head_config
     from specgraft.target import load_target
 
@@ -566,13 +566,13 @@ def run(args: argparse.Namespace) -> int:
         raise SpecgraftError(f"{args.out} exists; pass --overwrite to replace it or choose another --out")
     for head_dir in args.head:
         read_head_config(head_dir)  # cheap check before loading the target
-    device, dtype = _device_and_dtype(args)
+    device, dtype = device_and_dtype(args)
     target = load_target(args.target, dtype=dtype, device=device)
     heads = []
     for head_dir in args.head:
         head = load_head(target, head_dir)
         heads.append((str(head_dir), head, head.head_type))
-    drafts = [(str(path), _load_draft_model(path, target, dtype, device)[0]) for path in args.draft]
+    drafts = [(str(path), load_draft_model(path, target, dtype, device)[0]) for path in args.draft]
     profile = measure_profile(target, device=device, dtype=dtype, threads=torch.get_num_threads(),
                               kv_length=args.kv_length, token_counts=args.token_counts, repeats=args.repeats,
                               heads=heads, drafts=drafts)

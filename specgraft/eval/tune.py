@@ -500,8 +500,8 @@ def default_kv_length(prompt_lengths: Sequence[int], max_new_tokens: int) -> int
 
 def run(args: argparse.Namespace) -> int:
     """Tune one drafter; write tuned.json and print predicted vs measured."""
-    from specgraft.eval.cli import _device_and_dtype, _load_draft_model
     from specgraft.eval.cost import measure_profile
+    from specgraft.eval.loading import device_and_dtype, load_draft_model
     from specgraft.eval.prompts import load_prompts, render_turn
     from specgraft.eval.report import EvalSettings
     from specgraft.target import load_target
@@ -521,7 +521,7 @@ def run(args: argparse.Namespace) -> int:
     settings = EvalSettings(max_new_tokens=args.max_new_tokens)
     settings.validate()
     prompts = load_prompts(args.prompts, limit_per_domain=args.limit_per_domain)
-    device, dtype = _device_and_dtype(args)
+    device, dtype = device_and_dtype(args)
     target = load_target(args.target, dtype=dtype, device=device)
     prior = None
     if args.head is not None:
@@ -537,7 +537,7 @@ def run(args: argparse.Namespace) -> int:
             prior = prior_hook(source)
         heads, drafts = [(str(args.head), source, head_type)], []
     else:
-        source = _load_draft_model(str(args.draft), target, dtype, device)[0]
+        source = load_draft_model(str(args.draft), target, dtype, device)[0]
         head_type, kind = "draft_model", "draft_model"
         heads, drafts = [], [(str(args.draft), source)]
     if profile is None:

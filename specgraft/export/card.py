@@ -8,11 +8,22 @@ or any credential.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 FORMAT_TAGS = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt-llm", "native": "specgraft"}
 FORMAT_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "native": "specgraft (native)"}
+
+#: An ``ORG/NAME`` Hub repo id.
+HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+
+
+def is_hub_id(name: str) -> bool:
+    """True for an ``ORG/NAME`` Hub repo id that is not also a local path (a folder path is no Hub id)."""
+    return bool(HUB_REPO_ID.match(name)) and ".." not in name and not Path(name).expanduser().exists()
+
 
 #: Draft length used in the example commands.
 EXAMPLE_DRAFT_TOKENS = 3
@@ -74,8 +85,6 @@ def _hub_metadata(base: str, lic: str) -> list[str]:
     ``license: other`` needs ``license_name`` and ``license_link``: a head derived from the target follows the
     target's license, so they point at the target's repo.
     """
-    from specgraft.export.exporter import is_hub_id
-
     lines = []
     if is_hub_id(base):
         lines += [f"base_model: {_yaml_str(base)}", "base_model_relation: adapter"]

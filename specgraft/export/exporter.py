@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from specgraft.errors import SpecgraftError
 from specgraft.eval.tune import TUNED_NAME, read_tuned
+from specgraft.export.card import HUB_REPO_ID, is_hub_id, render_model_card
 from specgraft.export.convert import (
     DEFAULT_SPECULATIVE_TOKENS,
     apply_tuned,
@@ -51,6 +51,7 @@ from specgraft.heads.base import (
 )
 from specgraft.target import Target, TargetIdentity
 from specgraft.utils.io import atomic_path, read_json_meta
+from specgraft.utils.models import DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ REPORT_NAME = "report.json"
 #: What vLLM looks for in a draft's path, per head type, and the suffix that adds it.
 VLLM_NAME_MARKERS = {"eagle": ("eagle-", "-eagle-1"), "eagle3": ("eagle3", "-eagle3")}
 
-DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = DTYPES
 
 
 @dataclass
@@ -82,14 +83,6 @@ class ExportResult:
 # Names
 
 #: A Hub repo id: ORG/NAME (names of at most 96 characters of letters, digits, '-', '_', '.').
-HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
-
-
-def is_hub_id(name: str) -> bool:
-    """True for an ``ORG/NAME`` Hub repo id that is not also a local path (a folder path is no Hub id)."""
-    return bool(HUB_REPO_ID.match(name)) and ".." not in name and not Path(name).expanduser().exists()
-
-
 def require_hub_base_model(base_model: str, flag: str = "--base-model") -> None:
     """An explicit base model must be a Hub repo id (configs and cards written with it are read elsewhere)."""
     if not HUB_REPO_ID.match(base_model) or ".." in base_model:
@@ -436,7 +429,6 @@ def recorded_base_model(name_or_path: str) -> str:
 
 def card_from_export_meta(export_meta: dict[str, Any], repo_id: str | None, local_path: Path | None = None) -> str:
     """The README.md of an export folder from its ``specgraft_export.json`` content."""
-    from specgraft.export.card import render_model_card
 
     head_meta = dict(export_meta["head"], base_model=export_meta.get("base_model"),
                      license=export_meta.get("license", "other"), export_notes=export_meta.get("notes", []),

@@ -120,7 +120,9 @@ def register_head(name: str, *, config: type, head: type, drafter: Callable[...,
                   exporters: Mapping[str, EngineExporter] | None = None, card: CardText | None = None,
                   tuning: Tuning = None, description: str = "",
                   hooks: Mapping[str, Callable[..., Any]] | None = None) -> HeadFamily:
-    """Register a head family under ``name`` (refused when the name is taken); returns its entry."""
+    """Register a head family under ``name`` (refused when the name is taken, built-ins included); returns its
+    entry."""
+    _load_builtins()  # a plug-in must not take a built-in's name (a no-op while the built-ins register)
     if not name or not name.replace("_", "").isalnum() or not name.islower():
         raise ValueError(f"head family name {name!r} must be lower-case letters, digits and '_'")
     if name in _FAMILIES:

@@ -33,12 +33,13 @@ from tqdm.auto import tqdm
 from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.target import Target, TargetIdentity
 from specgraft.utils.io import atomic_path, atomic_write_json, sha256_file
+from specgraft.utils.models import DTYPES
 
 logger = logging.getLogger(__name__)
 
 INDEX = "index.json"
 FORMAT_VERSION = 1
-STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+STORAGE_DTYPES = DTYPES  # the feature cache stores in any recipe dtype
 #: Headroom kept free on the disk beyond the projected cache size.
 DISK_MARGIN = 1.05
 
