@@ -153,6 +153,10 @@ def read_head_config(path: str | Path) -> dict[str, Any]:
             raise SpecgraftError(f"{cfg_file}: {key!r} is {type(meta[key]).__name__}, expected a JSON "
                                  f"{'string' if kind is str else 'object'}; the head folder is corrupt or was edited, "
                                  "re-save it")
+    version = meta.get("format_version", FORMAT_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise SpecgraftError(f"{cfg_file}: format_version {version!r} is not one this specgraft reads (1.."
+                             f"{FORMAT_VERSION}); a newer specgraft wrote it, upgrade specgraft")
     if not isinstance(meta["target"].get("name_or_path"), str):
         raise SpecgraftError(f"{cfg_file}: the target has no name_or_path; the head folder is corrupt or was edited, "
                              "re-save it")

@@ -228,3 +228,17 @@ def test_save_overwrites_an_existing_head(tmp_path, target):
     newer.save_pretrained(path)
     assert torch.equal(head_outputs(load_head(target, path), target), head_outputs(newer, target))
     assert os.listdir(tmp_path) == ["head"]
+
+
+def test_format_version_is_read_and_enforced(tmp_path):
+    from specgraft.heads.base import FORMAT_VERSION
+
+    target = Target(tiny_model("llama"), tiny_tokenizer())
+    folder = make_head(target).save_pretrained(tmp_path / "head")
+    meta = json.loads((folder / "head_config.json").read_text())
+    assert meta["format_version"] == FORMAT_VERSION
+    load_head(target, folder)  # today's version loads
+    for bad in (FORMAT_VERSION + 1, "1", 0):
+        (folder / "head_config.json").write_text(json.dumps({**meta, "format_version": bad}))
+        with pytest.raises(SpecgraftError, match="format_version .* upgrade specgraft"):
+            load_head(target, folder)
