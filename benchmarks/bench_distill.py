@@ -34,9 +34,9 @@ import torch
 from specgraft.config import (
     DataConfig,
     DistillConfig,
+    DistillRecipe,
     ModelConfig,
     OutputConfig,
-    Recipe,
     TrackingConfig,
     TrainingConfig,
 )
@@ -87,8 +87,8 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def recipe_for(args: argparse.Namespace, loss: str, onpolicy: bool, out: Path) -> Recipe:
-    return Recipe(
+def recipe_for(args: argparse.Namespace, loss: str, onpolicy: bool, out: Path) -> DistillRecipe:
+    return DistillRecipe(
         model=ModelConfig("stories260K"),
         data=DataConfig(str(args.data), format="text", max_length=args.max_length, packing=True),
         output=OutputConfig(str(out), overwrite=True),

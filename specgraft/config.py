@@ -242,7 +242,7 @@ class TrackingConfig:
 
 @dataclass
 class Recipe:
-    """A complete job description (head training or draft distillation)."""
+    """A head-training job (``specgraft train``): a draft head grafted onto the frozen target."""
 
     model: ModelConfig
     data: DataConfig
@@ -251,11 +251,37 @@ class Recipe:
     """The draft head: ``type`` (a registered family: medusa | eagle | eagle3 | dflash) and that family's own typed
     fields (its ``config.py``)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    description: str = ""
+    """Free text shown in model cards and reports."""
+
+
+@dataclass
+class DistillRecipe:
+    """A distillation job (``specgraft distill``): a standalone draft model trained on the target's outputs."""
+
+    model: ModelConfig
+    data: DataConfig
+    output: OutputConfig
     distill: DistillConfig = field(default_factory=DistillConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     description: str = ""
     """Free text shown in model cards and reports."""
+
+
+def recipe_schema(raw: Mapping[str, Any], path: Any = "recipe") -> type:
+    """Which job a recipe describes: a ``distill:`` section makes it a distillation recipe, else head training;
+    both kinds of sections at once are refused."""
+    if "distill" in raw:
+        heads = [k for k in ("head", "lora") if k in raw]
+        if heads:
+            raise ConfigError(f"{path} has a distill: section and {', '.join(k + ':' for k in heads)}; a recipe is "
+                              "either head training (head:, lora:; `specgraft train`) or distillation (distill:; "
+                              "`specgraft distill`): split it in two")
+        return DistillRecipe
+    return Recipe
 
 
 def _default_head() -> Any:
@@ -323,8 +349,10 @@ def safe_load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (_StrictLoader is a SafeLoader)
 
 
-def load_recipe(path: str | Path, overrides: Sequence[str] = (), schema: type = Recipe) -> Any:
-    """Read a YAML recipe, apply ``key.sub=value`` overrides and return the validated ``schema`` instance."""
+def load_recipe(path: str | Path, overrides: Sequence[str] = (), schema: type | None = None) -> Any:
+    """Read a YAML recipe, apply ``key.sub=value`` overrides and return the validated ``schema`` instance
+    (default: :class:`Recipe` or :class:`DistillRecipe`, by the recipe's sections; a given schema that does not
+    match them is refused naming the command to run)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"recipe file {path} does not exist; pass the path of a YAML recipe (see recipes/)")
@@ -342,7 +370,12 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (), schema: type = 
     if not isinstance(raw, dict):
         raise ConfigError(f"recipe {path} must be a YAML mapping of sections (model:, data:, ...), got {_tname(raw)}")
     raw = apply_overrides(raw, overrides)
-    return from_dict(schema, raw)
+    kind = recipe_schema(raw, path)
+    if schema is not None and kind is not schema and {kind, schema} == {Recipe, DistillRecipe}:
+        command = "specgraft distill" if kind is DistillRecipe else "specgraft train"
+        raise ConfigError(f"recipe {path} is a {'distillation' if kind is DistillRecipe else 'head-training'} "
+                          f"recipe; run it with `{command}`")
+    return from_dict(schema or kind, raw)
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:

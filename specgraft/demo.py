@@ -135,6 +135,7 @@ def _recipe(kind: str, target_path: Path, train_file: Path, out_dir: Path, budge
     from specgraft.config import (
         DataConfig,
         DistillConfig,
+        DistillRecipe,
         ModelConfig,
         OutputConfig,
         Recipe,
@@ -144,21 +145,22 @@ def _recipe(kind: str, target_path: Path, train_file: Path, out_dir: Path, budge
     from specgraft.heads.eagle3.config import Eagle3Config
     from specgraft.heads.medusa.config import MedusaConfig
 
-    head = Eagle3Config(num_layers=1, ttt_steps=3) if kind == "eagle3" else MedusaConfig(num_heads=3, num_layers=1)
     lr = {"medusa": 3e-3, "eagle3": 2e-3, "distill": 2e-3}[kind]
-    return Recipe(
+    common = dict(
         model=ModelConfig(str(target_path)),
         data=DataConfig(str(train_file), format="text", max_length=budget.max_length, packing=True,
                         cache_dir=str(out_dir.parent / "cache")),
         output=OutputConfig(str(out_dir)),
-        head=head,
-        distill=DistillConfig(keep_every_k_layers=2, loss="fkl"),
         training=TrainingConfig(max_steps=steps, micro_batch_size=budget.micro_batch_size, learning_rate=lr,
                                 warmup_steps=max(1, steps // 20), checkpoint_every=max(steps, 1),
                                 log_every=max(1, steps // 10), seed=0),
         tracking=TrackingConfig(backend="tensorboard"),
         description=f"specgraft demo: {kind} on the embedded default target",
     )
+    if kind == "distill":
+        return DistillRecipe(distill=DistillConfig(keep_every_k_layers=2, loss="fkl"), **common)
+    head = Eagle3Config(num_layers=1, ttt_steps=3) if kind == "eagle3" else MedusaConfig(num_heads=3, num_layers=1)
+    return Recipe(head=head, **common)
 
 
 def _train_head(out: Path, kind: str, target: Any, target_path: Path, train_file: Path, budget: DemoBudget,

@@ -49,7 +49,7 @@ def test_wrong_type_and_missing_field_name_the_dotted_path(tmp_path):
         load_recipe(write(tmp_path, {**MINIMAL, "model": {"dtype": "float32"}}))
     with pytest.raises(ConfigError, match=r"missing required recipe field output"):
         load_recipe(write(tmp_path, {"model": MINIMAL["model"], "data": MINIMAL["data"]}))
-    with pytest.raises(ConfigError, match=r"head\.type must be one of medusa, eagle, eagle3(, [a-z0-9_]+)*, got 'eagle4'"):
+    with pytest.raises(ConfigError, match=r"head\.type must be one of medusa, eagle, eagle3(, \w+)*, got 'eagle4'"):
         load_recipe(write(tmp_path, {**MINIMAL, "head": {"type": "eagle4"}}))
     with pytest.raises(ConfigError, match=r"head\.num_heads must be positive, got 0"):
         load_recipe(write(tmp_path, {**MINIMAL, "head": {"num_heads": 0}}))
@@ -109,3 +109,18 @@ def test_head_section_is_the_family_config_chosen_by_type(tmp_path):
     save_recipe(recipe, tmp_path / "saved.yaml")
     again = load_recipe(tmp_path / "saved.yaml")
     assert to_dict(again) == to_dict(recipe) and to_dict(again)["head"]["type"] == "eagle3"
+
+
+def test_head_training_and_distillation_recipes_are_separate_schemas(tmp_path):
+    from specgraft.config import DistillRecipe
+
+    distill = load_recipe(write(tmp_path, {**MINIMAL, "distill": {"loss": "rkl"}}))
+    assert isinstance(distill, DistillRecipe) and distill.distill.loss == "rkl" and not hasattr(distill, "head")
+    head = load_recipe(write(tmp_path, MINIMAL))
+    assert isinstance(head, Recipe) and not hasattr(head, "distill")
+    with pytest.raises(ConfigError, match=r"a recipe is either head training .* or distillation"):
+        load_recipe(write(tmp_path, {**MINIMAL, "distill": {}, "head": {"type": "medusa"}}))
+    with pytest.raises(ConfigError, match=r"is a distillation recipe; run it with `specgraft distill`"):
+        load_recipe(write(tmp_path, {**MINIMAL, "distill": {}}), schema=Recipe)
+    with pytest.raises(ConfigError, match=r"is a head-training recipe; run it with `specgraft train`"):
+        load_recipe(write(tmp_path, MINIMAL), schema=DistillRecipe)

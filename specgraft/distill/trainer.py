@@ -31,7 +31,7 @@ import datasets
 import torch
 from torch import nn
 
-from specgraft.config import Recipe, to_dict
+from specgraft.config import DistillRecipe, to_dict
 from specgraft.data.tokenize import stop_token_ids
 from specgraft.distill import data as ddata
 from specgraft.distill.losses import alpha_exact, distill_loss, top1_agreement
@@ -138,10 +138,13 @@ class DistillTrainer(RecipeTrainer):
         alpha_history: ``(step, alpha_exact, top1)`` of every evaluation of this process's run.
     """
 
+    #: The recipe schema this trainer runs.
+    recipe_schema = DistillRecipe
+
     final_dir = "draft"
     label = "distill"
 
-    def __init__(self, recipe: Recipe, resume: bool = False, target: Target | None = None, dataset: Any = None,
+    def __init__(self, recipe: DistillRecipe, resume: bool = False, target: Target | None = None, dataset: Any = None,
                  show_progress: bool = True, eval_dataset: Any = None, objective: str = OBJECTIVE_DISTILL) -> None:
         super().__init__(recipe, resume=resume, target=target, dataset=dataset, show_progress=show_progress)
         if objective not in (OBJECTIVE_DISTILL, OBJECTIVE_DATA_CE):

@@ -26,6 +26,7 @@ from typing import Any
 
 from specgraft.errors import SpecgraftError
 from specgraft.eval.loading import check_device, device_and_dtype, load_draft_model  # noqa: F401 (re-exported)
+from specgraft.eval.settings import EvalSettings
 from specgraft.utils.args import int_list
 from specgraft.utils.io import folder_has_content, output_lock
 from specgraft.utils.threads import add_threads_argument
@@ -38,7 +39,6 @@ BUILTIN_DRAFTERS = ("self", "random")
 DEFAULT_K = 4
 #: Branching of the first levels when a draft model / self drafter is asked for a tree without --branching.
 DEFAULT_BRANCHING = (2, 2)
-DEFAULT_MAX_NEW_TOKENS = 128
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,14 +68,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                         "per depth (default 10)")
     parser.add_argument("--no-tuned", action="store_true",
                         help="ignore the head's/draft's tuned.json (`specgraft tune`) and use the defaults")
-    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
-                        help=f"tokens generated per turn at most (default {DEFAULT_MAX_NEW_TOKENS})")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1)")
-    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = all)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling draws (default 0)")
-    parser.add_argument("--repeats", type=int, default=1, help="timed runs per turn; the median counts (default 1)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs before measuring (default 1)")
+    d = EvalSettings()  # the defaults live in the typed settings, saved in every report.json
+    parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
+                        help=f"tokens generated per turn at most (default {d.max_new_tokens})")
+    parser.add_argument("--temperature", type=float, default=d.temperature,
+                        help=f"0 = greedy (default {d.temperature:g})")
+    parser.add_argument("--top-p", type=float, default=d.top_p,
+                        help=f"nucleus sampling mass in (0, 1] (default {d.top_p:g})")
+    parser.add_argument("--top-k", type=int, default=d.top_k,
+                        help=f"sample among the k most likely tokens (0 = all; default {d.top_k})")
+    parser.add_argument("--seed", type=int, default=d.seed, help=f"seed of the sampling draws (default {d.seed})")
+    parser.add_argument("--repeats", type=int, default=d.repeats,
+                        help=f"timed runs per turn; the median counts (default {d.repeats})")
+    parser.add_argument("--warmup", type=int, default=d.warmup,
+                        help=f"untimed warm-up runs before measuring (default {d.warmup})")
     parser.add_argument("--ignore-eos", action="store_true", help="never stop at EOS (fixed-length runs)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
@@ -201,7 +207,7 @@ def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str,
 def run(args: argparse.Namespace) -> int:
     """Validate the inputs (cheap checks first), load target, drafter and prompts, evaluate, print the table."""
     from specgraft.eval.prompts import load_prompts
-    from specgraft.eval.report import REPORT_JSON, REPORT_MD, EvalSettings, run_eval
+    from specgraft.eval.report import REPORT_JSON, REPORT_MD, run_eval
 
     settings = EvalSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, repeats=args.repeats, warmup=args.warmup,

@@ -53,7 +53,8 @@ def run_job(args: argparse.Namespace, trainer_cls: type, module: str, describe) 
     from specgraft.config import load_recipe
 
     set_torch_threads(args.threads)  # validated before anything heavy; a launch passes it on to every process
-    recipe = load_recipe(args.recipe, args.overrides)  # fail fast, before starting anything heavy
+    # fail fast, before starting anything heavy
+    recipe = load_recipe(args.recipe, args.overrides, schema=trainer_cls.recipe_schema)
     if args.num_processes is not None and args.num_processes < 1:
         raise SpecgraftError(f"--num-processes must be at least 1, got {args.num_processes}")
     if args.dry_run:

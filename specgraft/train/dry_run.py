@@ -18,7 +18,7 @@ from typing import Any
 
 from transformers import AutoConfig
 
-from specgraft.config import Recipe
+from specgraft.config import DistillRecipe, Recipe
 from specgraft.errors import SpecgraftError
 from specgraft.target import Target
 from specgraft.testing import tiny_model, tiny_tokenizer
@@ -60,7 +60,7 @@ SYNTHETIC_CONVERSATIONS = [
 ]
 
 
-def dry_run_recipe(recipe: Recipe, trainer_cls: Any = None) -> dict[str, Any]:
+def dry_run_recipe(recipe: Recipe | DistillRecipe, trainer_cls: Any = None) -> dict[str, Any]:
     """Run one training step of ``recipe`` against a tiny random stand-in of its target; returns a summary."""
     from specgraft.data.readers import source_files
     from specgraft.train.trainer import HeadTrainer
@@ -74,7 +74,7 @@ def dry_run_recipe(recipe: Recipe, trainer_cls: Any = None) -> dict[str, Any]:
     except SpecgraftError as exc:
         data_problem = str(exc)
     model_type = guess_model_type(recipe.model.name_or_path)
-    needed = max(getattr(recipe.head, "feature_layers", None) or [0])
+    needed = max(getattr(getattr(recipe, "head", None), "feature_layers", None) or [0])
     layers = max(4, needed + 3)
     model = tiny_model(model_type, num_hidden_layers=layers)
     target = Target(model, tiny_tokenizer(), name_or_path=f"dry-run stand-in for {recipe.model.name_or_path}")
@@ -87,7 +87,8 @@ def dry_run_recipe(recipe: Recipe, trainer_cls: Any = None) -> dict[str, Any]:
         stand_in.data.max_length = min(stand_in.data.max_length, 96)
         # Regeneration / sequence-level KD need a trained target: a random one answers with empty replies.
         stand_in.data.regenerate = False
-        stand_in.distill.seq_kd = False
+        if getattr(stand_in, "distill", None) is not None:
+            stand_in.distill.seq_kd = False
         stand_in.data.cache_dir = str(Path(tmp) / "cache")
         stand_in.data.num_samples = None
         stand_in.data.eval_fraction = 0.0
@@ -97,7 +98,7 @@ def dry_run_recipe(recipe: Recipe, trainer_cls: Any = None) -> dict[str, Any]:
         stand_in.training.gradient_accumulation_steps = 1
         stand_in.training.mixed_precision = "no"
         stand_in.training.feature_cache_dir = str(Path(tmp) / "features")
-        if getattr(stand_in.head, "draft_vocab_size", None):
+        if getattr(getattr(stand_in, "head", None), "draft_vocab_size", None):
             stand_in.head.draft_vocab_size = min(stand_in.head.draft_vocab_size, target.vocab_size)
         stand_in.output.dir = str(Path(tmp) / "out")
         stand_in.tracking.backend = "none"

@@ -524,6 +524,9 @@ class RecipeTrainer:
 class HeadTrainer(RecipeTrainer):
     """Train a draft head (Medusa, EAGLE-1/2, EAGLE-3; Medusa-2 with ``lora.enabled``) from a recipe."""
 
+    #: The recipe schema this trainer runs.
+    recipe_schema = Recipe
+
     final_dir = "head"
 
     @property
