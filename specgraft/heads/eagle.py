@@ -44,7 +44,7 @@ from specgraft.heads.eagle_layers import (
     draft_layer_config,
     register_eagle_attention,
 )
-from specgraft.heads.losses import divide_by_count
+from specgraft.heads.losses import masked_mean, soft_cross_entropy
 from specgraft.target import Target, TargetOutput
 
 logger = logging.getLogger(__name__)
@@ -279,16 +279,14 @@ def eagle1_loss(
     """
     mask = mask.to(torch.float32)
     feat = F.smooth_l1_loss(pred_features.float(), next_features.float(), reduction="none").mean(-1)  # S
-    count = mask.sum() if num_items is None else num_items
-    feature_loss = divide_by_count((feat * mask).sum(), count)
+    feature_loss = masked_mean(feat, mask, num_items)
     target_probs = torch.softmax(target_logits.float(), dim=-1)
-    logit_ce = -(target_probs * torch.log_softmax(draft_logits.float(), dim=-1)).sum(-1)  # S
-    logit_loss = divide_by_count((logit_ce * mask).sum(), count)
+    logit_loss = soft_cross_entropy(draft_logits, target_probs, mask, num_items)
     loss = feature_weight * feature_loss + logit_weight * logit_loss
     with torch.no_grad():
         # The draft's logit at the target's top-1 is its maximum (cheaper than a second argmax).
         best = target_logits.argmax(-1, keepdim=True)
         hit = draft_logits.gather(-1, best) >= draft_logits.amax(-1, keepdim=True)
-        top1 = divide_by_count((hit.squeeze(-1).float() * mask).sum(), count)
+        top1 = masked_mean(hit.squeeze(-1).float(), mask, num_items)
     metrics = {"loss/feature": feature_loss.detach(), "loss/logit": logit_loss.detach(), "top1/step0": top1}
     return loss, metrics

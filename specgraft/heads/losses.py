@@ -44,11 +44,13 @@ def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, mask: torch
     return masked_mean(ce, mask.flatten(), num_items)
 
 
-def soft_cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over masked positions of ``-sum_v p(v) log softmax(logits)(v)`` (p: target probabilities)."""
+def soft_cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor,
+                       num_items: torch.Tensor | int | None = None) -> torch.Tensor:
+    """Mean over masked positions of ``-sum_v p(v) log softmax(logits)(v)`` (p: target probabilities; divided by
+    ``num_items`` instead of the mask's sum when given, see :func:`masked_mean`)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     ce = -(target_probs.float() * logp).sum(-1)
-    return masked_mean(ce, mask)
+    return masked_mean(ce, mask, num_items)
 
 
 @torch.no_grad()

@@ -23,7 +23,13 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration, DistributedDataParallelKwargs
-from accelerate.utils import DistributedType, GradientAccumulationPlugin, gather_object, set_seed
+from accelerate.utils import (
+    DistributedType,
+    GradientAccumulationPlugin,
+    gather_object,
+    parse_choice_from_env,
+    set_seed,
+)
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
@@ -165,6 +171,8 @@ class RecipeTrainer:
         self.tokens_seen = 0
         self.accelerator: Accelerator | None = None
         self.data_facts: dict[str, Any] = {}
+        #: Whether the step module was found not to count its loss items (warned once; see _prepare_step).
+        self.warned_no_item_counts = False
 
     # -- setup -----------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -179,8 +187,11 @@ class RecipeTrainer:
             cpu=_cpu_only_multiprocess(),
             # An optimiser step is always gradient_accumulation_steps micro-batches (a step may straddle an epoch's
             # end): the trainer gathers them before the first backward to count the step's loss items.
-            gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=tr.gradient_accumulation_steps,
-                                                                    sync_with_dataloader=False),
+            # (accelerate launch's --gradient_accumulation_steps still wins over the recipe, as it always did.)
+            gradient_accumulation_plugin=GradientAccumulationPlugin(
+                num_steps=int(parse_choice_from_env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+                                                    tr.gradient_accumulation_steps)),
+                sync_with_dataloader=False),
             mixed_precision=tr.mixed_precision,
             log_with=tracker,
             project_dir=str(self.output_dir),
@@ -540,10 +551,10 @@ class RecipeTrainer:
                 prepared.append(batch)
                 counts.append(batch_counts)
         if any(c is None for c in counts):
-            if not getattr(self, "_warned_no_counts", False):
+            if not self.warned_no_item_counts:
                 logger.warning("%s does not count its loss items: each micro-batch takes its own token mean, so "
                                "the result depends on the micro-batch size", type(module).__name__)
-                self._warned_no_counts = True
+                self.warned_no_item_counts = True
             return prepared, None
         terms = sorted(counts[0])
         local = torch.stack([torch.stack([torch.as_tensor(c[t], device=acc.device).long() for t in terms])

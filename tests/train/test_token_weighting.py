@@ -8,8 +8,9 @@ computation of the loss on the whole batch. Negative control: with the trainer's
 micro-batch takes its own token mean and accelerate averages those means, the behaviour before token weighting)
 micro-batch 4 x accumulation 2 moves the parameters measurably differently from micro-batch 8.
 
-Run as a script under torchrun (``python -m torch.distributed.run --nproc_per_node 2 <this file> FAMILY OUT``) it
-trains one step in each process and the main process saves the trained parameters to OUT.
+Run as a script under torchrun (``python -m torch.distributed.run --nproc_per_node 2 <this file> FAMILY OUT MODE``,
+MODE ``token-weighted`` or ``per-micro-batch``) it trains one step in each process and the main process saves the
+trained parameters and logged values to OUT.
 """
 
 from __future__ import annotations
@@ -215,29 +216,40 @@ def test_micro_batch_losses_with_global_counts_sum_to_the_whole_batch_loss(famil
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_two_processes_are_the_same_step_as_one_big_micro_batch(family, folder):
-    out = folder / f"two-{family}.pt"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([*torchrun, __file__, family, str(out)], capture_output=True, text=True, env=env,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    saved = torch.load(out)
+    def two_processes(mode: str) -> dict[str, Any]:
+        out = folder / f"two-{family}-{mode}.pt"
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        paths = [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(paths)}
+        run = subprocess.run([*torchrun, __file__, family, str(out), mode], capture_output=True, text=True, env=env,
+                             timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return torch.load(out)
+
     whole, whole_logs = train_one_step(family, folder, 8, 1)
-    difference = max_difference(whole, saved["params"])
-    print(f"{family}: max |(1 process x 8) - (2 processes x 4)| parameter difference: {difference:.3g}")
+    new = two_processes("token-weighted")
+    difference = max_difference(whole, new["params"])
+    assert new["logs"]["loss"] == pytest.approx(whole_logs["loss"], rel=1e-5)
+    # Negative control: each process's own token mean, averaged by DDP (the behaviour before token weighting).
+    old = max_difference(whole, two_processes("per-micro-batch")["params"])
+    print(f"{family}: max |(1 process x 8) - (2 processes x 4)| parameter difference: token-weighted "
+          f"{difference:.3g}, per-process means {old:.3g}")
     assert difference <= TOLERANCE
-    assert saved["logs"]["loss"] == pytest.approx(whole_logs["loss"], rel=1e-5)
+    assert old >= MIN_OLD_DIFFERENCE
 
 
-def _worker(family: str, out: str) -> None:
-    """One process of the 2-process run (see the module docstring)."""
-    folder = Path(out).parent
-    params, logs = train_one_step(family, folder, 4, 1)
+def _worker(family: str, out: str, mode: str) -> None:
+    """One process of the 2-process run (see the module docstring); ``mode`` ``per-micro-batch`` switches the
+    token weighting off."""
+    if mode == "per-micro-batch":
+        from specgraft.train.trainer import RecipeTrainer
+
+        RecipeTrainer._prepare_step = lambda self, group: (group, None)
+    params, logs = train_one_step(family, Path(out).parent, 4, 1)
     logs.pop("initial")
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save({"params": params, "logs": logs}, out)
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1], sys.argv[2])
+    _worker(*sys.argv[1:4])
