@@ -20,7 +20,8 @@ write ``q`` for the student's distribution and ``p`` for the teacher's:
   greedy decoding, where a draft token is accepted iff it is the target's argmax.
 
 :func:`alpha_exact` is the acceptance proxy tracked during training: the mean over positions of ``sum_x min(p, q)``.
-Computations run in float32 whatever the logits' dtype.
+Computations run in float32 whatever the logits' dtype. Every function takes ``num_items``: the count to divide the
+positions' sum by instead of their number (the whole batch's, when the logits are one micro-batch of it).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Callable
 import torch
 
 from specgraft.errors import SpecgraftError
+from specgraft.heads.losses import divide_by_count
 
 #: Loss names accepted by :func:`distill_loss` (``distill.loss`` in a recipe).
 LOSS_NAMES: tuple[str, ...] = ("fkl", "rkl", "jsd", "tvd", "ce")
@@ -55,9 +57,10 @@ def _select(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: to
     return s.float() / temperature, t.float() / temperature
 
 
-def _mean(per_position: torch.Tensor) -> torch.Tensor:
-    """Mean over positions; 0 (still attached to the graph) when there is none."""
-    return per_position.sum() / max(per_position.shape[0], 1)
+def _mean(per_position: torch.Tensor, num_items: torch.Tensor | int | None = None) -> torch.Tensor:
+    """Mean over positions; 0 (still attached to the graph) when there is none. ``num_items``: divide the sum by
+    this count instead (the whole batch's positions, this being one micro-batch of it)."""
+    return divide_by_count(per_position.sum(), per_position.shape[0] if num_items is None else num_items)
 
 
 def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
@@ -71,21 +74,22 @@ def _kl(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:
 
 
 def forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor | None = None,
-               temperature: float = 1.0) -> torch.Tensor:
+               temperature: float = 1.0, num_items: torch.Tensor | int | None = None) -> torch.Tensor:
     """Mean over masked positions of ``KL(p || q)`` (p: teacher, q: student, both at ``temperature``)."""
     s, t = _select(student_logits, teacher_logits, mask, temperature)
-    return _mean(_kl(_log_softmax(t), _log_softmax(s)))
+    return _mean(_kl(_log_softmax(t), _log_softmax(s)), num_items)
 
 
 def reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor | None = None,
-               temperature: float = 1.0) -> torch.Tensor:
+               temperature: float = 1.0, num_items: torch.Tensor | int | None = None) -> torch.Tensor:
     """Mean over masked positions of ``KL(q || p)`` (p: teacher, q: student, both at ``temperature``)."""
     s, t = _select(student_logits, teacher_logits, mask, temperature)
-    return _mean(_kl(_log_softmax(s), _log_softmax(t)))
+    return _mean(_kl(_log_softmax(s), _log_softmax(t)), num_items)
 
 
 def generalized_jsd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor | None = None,
-                    beta: float = 0.5, temperature: float = 1.0) -> torch.Tensor:
+                    beta: float = 0.5, temperature: float = 1.0,
+                    num_items: torch.Tensor | int | None = None) -> torch.Tensor:
     """Mean over masked positions of ``beta KL(p || m) + (1 - beta) KL(q || m)``, ``m = beta p + (1 - beta) q``.
 
     TRL GKD's convention: ``beta = 0`` is forward KL ``KL(p || q)`` and ``beta = 1`` reverse KL ``KL(q || p)``
@@ -94,50 +98,51 @@ def generalized_jsd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must be in [0, 1], got {beta}")
     if beta == 0.0:
-        return forward_kl(student_logits, teacher_logits, mask, temperature)
+        return forward_kl(student_logits, teacher_logits, mask, temperature, num_items)
     if beta == 1.0:
-        return reverse_kl(student_logits, teacher_logits, mask, temperature)
+        return reverse_kl(student_logits, teacher_logits, mask, temperature, num_items)
     s, t = _select(student_logits, teacher_logits, mask, temperature)
     log_q, log_p = _log_softmax(s), _log_softmax(t)
     # log m = log(beta p + (1 - beta) q), computed in log space for stability.
     log_m = torch.logsumexp(torch.stack([log_p + torch.log(torch.tensor(beta)),
                                          log_q + torch.log(torch.tensor(1.0 - beta))]), dim=0)
-    return _mean(beta * _kl(log_p, log_m) + (1.0 - beta) * _kl(log_q, log_m))
+    return _mean(beta * _kl(log_p, log_m) + (1.0 - beta) * _kl(log_q, log_m), num_items)
 
 
 def total_variation(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor | None = None,
-                    temperature: float = 1.0) -> torch.Tensor:
+                    temperature: float = 1.0, num_items: torch.Tensor | int | None = None) -> torch.Tensor:
     """Mean over masked positions of ``TV(p, q) = 1/2 sum_x |p(x) - q(x)|`` (= 1 - acceptance probability)."""
     s, t = _select(student_logits, teacher_logits, mask, temperature)
-    return _mean(0.5 * (torch.softmax(t, -1) - torch.softmax(s, -1)).abs().sum(-1))
+    return _mean(0.5 * (torch.softmax(t, -1) - torch.softmax(s, -1)).abs().sum(-1), num_items)
 
 
 def top1_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor | None = None,
-                       temperature: float = 1.0) -> torch.Tensor:
+                       temperature: float = 1.0, num_items: torch.Tensor | int | None = None) -> torch.Tensor:
     """Mean over masked positions of ``-log q(argmax p)``: the student's CE on the teacher's greedy token."""
     s, t = _select(student_logits, teacher_logits, mask, temperature)
     top = t.argmax(-1, keepdim=True)  # [N, 1]; temperature does not move the argmax
-    return _mean(-torch.log_softmax(s, -1).gather(-1, top).squeeze(-1))
+    return _mean(-torch.log_softmax(s, -1).gather(-1, top).squeeze(-1), num_items)
 
 
 @torch.no_grad()
 def alpha_exact(p_logits: torch.Tensor, q_logits: torch.Tensor, mask: torch.Tensor | None = None,
-                temperature: float = 1.0) -> torch.Tensor:
+                temperature: float = 1.0, num_items: torch.Tensor | int | None = None) -> torch.Tensor:
     """Mean over masked positions of ``sum_x min(p(x), q(x))``: the probability that a token the draft samples
     from q is accepted by the target p (p: target logits, q: draft logits, both at ``temperature``)."""
     q, p = _select(q_logits, p_logits, mask, temperature)
-    return _mean(torch.minimum(torch.softmax(p, -1), torch.softmax(q, -1)).sum(-1))
+    return _mean(torch.minimum(torch.softmax(p, -1), torch.softmax(q, -1)).sum(-1), num_items)
 
 
 @torch.no_grad()
-def top1_agreement(p_logits: torch.Tensor, q_logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+def top1_agreement(p_logits: torch.Tensor, q_logits: torch.Tensor, mask: torch.Tensor | None = None,
+                   num_items: torch.Tensor | int | None = None) -> torch.Tensor:
     """Fraction of masked positions where the draft's argmax equals the target's (greedy acceptance)."""
     q, p = _select(q_logits, p_logits, mask, 1.0)
-    return _mean((q.argmax(-1) == p.argmax(-1)).float())
+    return _mean((q.argmax(-1) == p.argmax(-1)).float(), num_items)
 
 
 def distill_loss(name: str, beta: float = 0.5) -> Callable[..., torch.Tensor]:
-    """The loss called ``name`` as ``fn(student_logits, teacher_logits, mask, temperature=...)``.
+    """The loss called ``name`` as ``fn(student_logits, teacher_logits, mask, temperature=..., num_items=None)``.
 
     Raises:
         SpecgraftError: an unknown name.
@@ -147,8 +152,9 @@ def distill_loss(name: str, beta: float = 0.5) -> Callable[..., torch.Tensor]:
             raise SpecgraftError(f"distill.beta must be in [0, 1], got {beta}")
 
         def jsd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor | None = None,
-                temperature: float = 1.0) -> torch.Tensor:
-            return generalized_jsd(student_logits, teacher_logits, mask, beta=beta, temperature=temperature)
+                temperature: float = 1.0, num_items: torch.Tensor | int | None = None) -> torch.Tensor:
+            return generalized_jsd(student_logits, teacher_logits, mask, beta=beta, temperature=temperature,
+                                   num_items=num_items)
 
         return jsd
     table = {"fkl": forward_kl, "rkl": reverse_kl, "tvd": total_variation, "ce": top1_cross_entropy}

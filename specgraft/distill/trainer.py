@@ -39,7 +39,7 @@ from specgraft.distill.output import DRAFT_META, save_draft
 from specgraft.distill.student import Student, build_student, precheck_student_tokenizer
 from specgraft.errors import SpecgraftError
 from specgraft.heads.base import HeadLoss
-from specgraft.heads.losses import masked_cross_entropy
+from specgraft.heads.losses import divide_by_count, masked_cross_entropy
 from specgraft.target import Target
 from specgraft.train.trainer import RecipeTrainer
 
@@ -53,6 +53,8 @@ ALPHA_EVAL_TRAIN_ROWS = 32
 ALPHA_EVAL_MAX_ROWS = 512
 #: Label positions per micro-batch that the logged training alpha/top-1 look at (vocab-sized float32 copies).
 TRAIN_METRIC_POSITIONS = 2048
+#: Key of the 0-dim on-policy flag in a batch that has had its on-policy draw (DistillStep.prepare).
+ONPOLICY_KEY = "onpolicy"
 #: Objectives: distillation against the target (the recipe's loss) or plain next-token CE on the data (baseline).
 OBJECTIVE_DISTILL, OBJECTIVE_DATA_CE = "distill", "data_ce"
 
@@ -94,7 +96,9 @@ class DistillStep(nn.Module):
         content = hashlib.sha256(batch["input_ids"].detach().cpu().numpy().tobytes()).hexdigest()
         return ddata.derive_seed(self.seed, step, self.process_index, int(content[:15], 16))
 
-    def forward(self, batch: dict[str, torch.Tensor], step: int) -> HeadLoss:
+    def _resample(self, batch: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
+        """The batch this step trains on: with probability ``lmbda`` the student's own continuations (on-policy),
+        marked by an ``onpolicy`` flag (a 0-dim tensor) so that :meth:`forward` does not draw again."""
         onpolicy = False
         if self.lmbda > 0:
             seed = self.batch_seed(batch, step)
@@ -104,22 +108,50 @@ class DistillStep(nn.Module):
                                                self.pad_id, self.stop_ids, seed)
                 if sampled is not None:
                     batch, onpolicy = sampled, True
+        return {**batch, ONPOLICY_KEY: torch.tensor(float(onpolicy), device=batch["input_ids"].device)}
+
+    @staticmethod
+    def _label_masks(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T-1] bool label positions (logits at t predict token t+1, so the mask shifts with the labels), and
+        the first :data:`TRAIN_METRIC_POSITIONS` of them that the logged batch metrics read (full copies would
+        double peak memory)."""
+        mask = (batch["loss_mask"][:, 1:] * batch["attention_mask"][:, 1:]).bool()  # [B, T-1]
+        seen = (mask.flatten().cumsum(0) <= TRAIN_METRIC_POSITIONS).view_as(mask) & mask
+        return mask, seen
+
+    def prepare(self, batch: dict[str, torch.Tensor], step: int
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(the batch to train on, after the on-policy draw; its loss items): ``labels`` (the divergence's
+        positions), ``metric_positions`` (those the batch metrics read) and ``micro_batches`` (1, for the on-policy
+        fraction)."""
+        batch = self._resample(batch, step)
+        mask, seen = self._label_masks(batch)
+        return batch, {"labels": mask.sum(), "metric_positions": seen.sum(),
+                       "micro_batches": torch.ones((), dtype=torch.long, device=mask.device)}
+
+    def forward(self, batch: dict[str, torch.Tensor], step: int,
+                num_items: dict[str, torch.Tensor] | None = None) -> HeadLoss:
+        """The divergence (divided by ``num_items["labels"]`` when given, else by this batch's label count) and
+        metrics divided likewise. A batch from :meth:`prepare` has had its on-policy draw; others draw here."""
+        if ONPOLICY_KEY not in batch:
+            batch = self._resample(batch, step)
+        onpolicy = batch[ONPOLICY_KEY]
         ids, attention = batch["input_ids"], batch["attention_mask"]
         with torch.no_grad():
             teacher = self._target(ids, attention).logits[:, :-1]  # [B, T-1, V]
         student = self.student(input_ids=ids, attention_mask=attention).logits[:, :-1]  # [B, T-1, V]
-        # Logits at t predict token t+1: the label mask shifts with the labels.
-        mask = (batch["loss_mask"][:, 1:] * attention[:, 1:]).bool()  # [B, T-1]
+        mask, seen = self._label_masks(batch)
+        labels = None if num_items is None else num_items["labels"]
         if self.objective == OBJECTIVE_DATA_CE:
-            loss = masked_cross_entropy(student, ids[:, 1:], mask)
+            loss = masked_cross_entropy(student, ids[:, 1:], mask, labels)
         else:
-            loss = self.loss_fn(student, teacher, mask, temperature=self.temperature)
-        # The logged batch metrics read the first label positions only: full copies would double peak memory.
-        seen = (mask.flatten().cumsum(0) <= TRAIN_METRIC_POSITIONS).view_as(mask) & mask
+            loss = self.loss_fn(student, teacher, mask, temperature=self.temperature, num_items=labels)
+        positions = None if num_items is None else num_items["metric_positions"]
         metrics = {
-            "alpha": alpha_exact(teacher, student.detach(), seen, temperature=self.temperature),
-            "top1": top1_agreement(teacher, student.detach(), seen),
-            "onpolicy": torch.tensor(float(onpolicy), device=loss.device),
+            "alpha": alpha_exact(teacher, student.detach(), seen, temperature=self.temperature, num_items=positions),
+            "top1": top1_agreement(teacher, student.detach(), seen, num_items=positions),
+            "onpolicy": onpolicy.float() if num_items is None else divide_by_count(onpolicy.float(),
+                                                                                   num_items["micro_batches"]),
         }
         return HeadLoss(loss=loss, metrics=metrics)
 

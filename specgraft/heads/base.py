@@ -95,10 +95,27 @@ class DraftHead(nn.Module):
         draft-vocab coverage, measured on ``heldout_counts``). Default: nothing."""
         return {}
 
-    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput) -> HeadLoss:
+    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
+                      num_items: dict[str, torch.Tensor] | None = None) -> HeadLoss:
         """Loss for one batch. ``batch`` has input_ids/attention_mask/loss_mask [B, T]; ``target_out`` has the
-        hidden states of :meth:`required_layers` (and logits when ``needs_target_logits``)."""
+        hidden states of :meth:`required_layers` (and logits when ``needs_target_logits``).
+
+        ``num_items`` (the :meth:`loss_item_counts` of the whole optimiser step, summed over its micro-batches and
+        processes) replaces this batch's own counts as each term's denominator, so the trainer's sum of the
+        micro-batch losses is the token mean of the whole batch; metrics are divided the same way. Without it each
+        term is this batch's own mean."""
         raise NotImplementedError
+
+    def loss_item_counts(self, batch: dict[str, torch.Tensor],
+                         target_out: TargetOutput | None = None) -> dict[str, torch.Tensor] | None:
+        """``term -> number of items`` (0-dim tensors) each loss term of :meth:`training_loss` averages over in
+        ``batch``; cheap (masks and shifts). ``target_out`` is given only when :meth:`loss_item_counts_need_target`.
+        None (the default) means the family does not count: the trainer then averages per-micro-batch means."""
+        return None
+
+    def loss_item_counts_need_target(self) -> bool:
+        """Whether :meth:`loss_item_counts` needs the target's output (e.g. EAGLE-3's reduced draft vocabulary)."""
+        return False
 
     # -- save / load -----------------------------------------------------------------------------------------
     def config_dict(self) -> dict[str, Any]:

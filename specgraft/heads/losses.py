@@ -2,30 +2,55 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+#: ``term -> number of loss items`` of the whole optimiser step (all micro-batches of all processes), as the trainer
+#: passes it to a loss (TRL's ``num_items_in_batch``, one count per term normalised over its own mask).
+ItemCounts = Mapping[str, torch.Tensor]
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values`` where ``mask`` is 1 (0 when the mask is empty, keeping the graph)."""
+
+def divide_by_count(total: torch.Tensor, count: torch.Tensor | int) -> torch.Tensor:
+    """``total / count``, an empty count dividing by 1 (the term is then 0, keeping the graph)."""
+    return total / torch.as_tensor(count, device=total.device).to(total.dtype).clamp_min(1.0)
+
+
+def item_mean(total: torch.Tensor, local_count: torch.Tensor | int, num_items: ItemCounts | None,
+              term: str) -> torch.Tensor:
+    """``total`` (a sum over this micro-batch's items of loss term ``term``) divided by the term's item count.
+
+    Without ``num_items`` that is this micro-batch's own count ``local_count`` (a per-micro-batch mean); with it,
+    the global count ``num_items[term]``, so that summing the results over the micro-batches of all processes gives
+    the token mean of the whole batch.
+    """
+    return divide_by_count(total, local_count if num_items is None else num_items[term])
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, num_items: torch.Tensor | int | None = None) -> torch.Tensor:
+    """Mean of ``values`` where ``mask`` is 1 (0 when the mask is empty, keeping the graph): the masked sum divided
+    by ``mask.sum()``, or by ``num_items`` when given (the whole batch's count, this being one micro-batch of it)."""
     mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp_min(1.0)
+    return divide_by_count((values * mask).sum(), mask.sum() if num_items is None else num_items)
 
 
-def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean CE of ``logits`` [..., V] against integer ``labels`` [...] over positions where ``mask`` [...] is 1."""
+def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
+                         num_items: torch.Tensor | int | None = None) -> torch.Tensor:
+    """Mean CE of ``logits`` [..., V] against integer ``labels`` [...] over positions where ``mask`` [...] is 1
+    (divided by ``num_items`` instead of the mask's sum when given, see :func:`masked_mean`)."""
     ce = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), reduction="none")
-    return masked_mean(ce, mask.flatten())
+    return masked_mean(ce, mask.flatten(), num_items)
 
 
-def soft_cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over masked positions of ``-sum_v p(v) log softmax(logits)(v)`` (p: target probabilities)."""
+def soft_cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor,
+                       num_items: torch.Tensor | int | None = None) -> torch.Tensor:
+    """Mean over masked positions of ``-sum_v p(v) log softmax(logits)(v)`` (p: target probabilities; divided by
+    ``num_items`` instead of the mask's sum when given, see :func:`masked_mean`)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     ce = -(target_probs.float() * logp).sum(-1)
-    return masked_mean(ce, mask)
+    return masked_mean(ce, mask, num_items)
 
 
 @torch.no_grad()

@@ -8,6 +8,7 @@ data position). Only the main process writes files.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -22,7 +23,13 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration, DistributedDataParallelKwargs
-from accelerate.utils import DistributedType, gather_object, set_seed
+from accelerate.utils import (
+    DistributedType,
+    GradientAccumulationPlugin,
+    gather_object,
+    parse_choice_from_env,
+    set_seed,
+)
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
@@ -105,8 +112,16 @@ class RecipeTrainer:
     """The shared training loop (accelerate, data, AdamW + schedule, checkpoints, exact resume, logging).
 
     Subclasses say what is trained through four hooks: :meth:`build_model` (the module whose ``forward(batch,
-    step)`` returns a :class:`~specgraft.heads.base.HeadLoss`, plus optimizer parameter groups),
+    step, num_items=None)`` returns a :class:`~specgraft.heads.base.HeadLoss`, plus optimizer parameter groups),
     :meth:`save_model`, :meth:`load_model_state` and optionally :meth:`on_optimizer_step`.
+
+    Token weighting: an optimiser step is ``training.gradient_accumulation_steps`` micro-batches on each process
+    (also across an epoch's end). When the step module has ``prepare(batch, step) -> (batch, counts)`` returning
+    each loss term's item count (:meth:`~specgraft.heads.base.DraftHead.loss_item_counts`), all micro-batches of
+    the step are prepared first, their counts are summed over the step and over processes, and every micro-batch's
+    loss is divided by those global counts (TRL's ``num_items_in_batch``): the gradient is that of the token mean
+    of the whole batch, so micro-batch 4 x accumulation 2 x 1 process, 8 x 1 x 1 and 4 x 1 x 2 are the same step.
+    A module without counts gets today's per-micro-batch means averaged over micro-batches and processes.
 
     Usage (one lifecycle per job)::
 
@@ -157,6 +172,8 @@ class RecipeTrainer:
         self.tokens_seen = 0
         self.accelerator: Accelerator | None = None
         self.data_facts: dict[str, Any] = {}
+        #: Whether the step module was found not to count its loss items (warned once; see _prepare_step).
+        self.warned_no_item_counts = False
 
     # -- setup -----------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -169,7 +186,13 @@ class RecipeTrainer:
             # Without an accelerator, a multi-process (torchrun) job is CPU data parallel over gloo; accelerate
             # only detects it when told to use the CPU.
             cpu=_cpu_only_multiprocess(),
-            gradient_accumulation_steps=tr.gradient_accumulation_steps,
+            # An optimiser step is always gradient_accumulation_steps micro-batches (a step may straddle an epoch's
+            # end): the trainer gathers them before the first backward to count the step's loss items.
+            # (accelerate launch's --gradient_accumulation_steps still wins over the recipe, as it always did.)
+            gradient_accumulation_plugin=GradientAccumulationPlugin(
+                num_steps=int(parse_choice_from_env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+                                                    tr.gradient_accumulation_steps)),
+                sync_with_dataloader=False),
             mixed_precision=tr.mixed_precision,
             log_with=tracker,
             project_dir=str(self.output_dir),
@@ -429,7 +452,8 @@ class RecipeTrainer:
         step_module.train()
         bar = tqdm(total=tr.max_steps, initial=self.step, desc=self.label, unit="step",
                    disable=not (self.show_progress and acc.is_local_main_process), dynamic_ncols=True)
-        window: dict[str, list[float]] = {}
+        # Per optimizer step of the current log window: key -> this process's value (see _reduce_window).
+        window: list[dict[str, torch.Tensor]] = []
         # step_tokens: this process's tokens in the current optimizer step; log_tokens: all processes' tokens since
         # the last log line (for the logged throughput).
         step_tokens, log_tokens, window_start = 0, 0, time.perf_counter()
@@ -438,36 +462,45 @@ class RecipeTrainer:
         steady_start, steady_tokens = None, 0
         batches = self._batches()
         while self.step < tr.max_steps:
-            batch = next(batches)
-            self.micro_step += 1
+            group = [next(batches) for _ in range(acc.gradient_accumulation_steps)]
+            group, num_items = self._prepare_step(group)
+            # With global counts each micro-batch's loss is its share of the batch's token mean: undo accelerate's
+            # division by the accumulation steps and DDP's (and DeepSpeed's) average over processes.
+            loss_scale = acc.gradient_accumulation_steps * acc.num_processes if num_items is not None else 1
             head = self.unwrapped_head()
             if head is not None:
                 # Accuracy metrics only on steps that are logged (the loss is logged as a window average).
                 next_step = self.step + 1
                 head.metrics_enabled = next_step % tr.log_every == 0 or next_step == tr.max_steps
-            with acc.accumulate(step_module):
-                with acc.autocast():
-                    result = step_module(batch, self.step)
-                loss = result.loss
-                if not torch.isfinite(loss.detach()):
-                    raise SpecgraftError(
-                        f"the loss became {loss.item()} at step {self.step + 1}; the last good checkpoint is "
-                        f"{last_good or 'none (no checkpoint written yet)'}; lower training.learning_rate or "
-                        "check the data")
-                acc.backward(loss)
-                if acc.sync_gradients and tr.max_grad_norm > 0:
-                    acc.clip_grad_norm_(step_module.parameters(), tr.max_grad_norm)
-                self.optimizer.step()
-                if acc.sync_gradients:
-                    self.scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
-            n_tokens = int(batch["attention_mask"].sum())
-            step_tokens += n_tokens
-            window.setdefault("loss", []).append(loss.detach())
-            for key, value in result.metrics.items():
-                window.setdefault(key, []).append(value.detach())
-            if not acc.sync_gradients:
-                continue
+            micro_values: dict[str, list[torch.Tensor]] = {}
+            for batch in group:
+                self.micro_step += 1
+                with acc.accumulate(step_module):
+                    with acc.autocast():
+                        if num_items is None:
+                            result = step_module(batch, self.step)
+                        else:
+                            result = step_module(batch, self.step, num_items=num_items)
+                    loss = result.loss
+                    if not torch.isfinite(loss.detach()):
+                        raise SpecgraftError(
+                            f"the loss became {loss.item()} at step {self.step + 1}; the last good checkpoint is "
+                            f"{last_good or 'none (no checkpoint written yet)'}; lower training.learning_rate or "
+                            "check the data")
+                    acc.backward(loss * loss_scale if loss_scale != 1 else loss)
+                    if acc.sync_gradients and tr.max_grad_norm > 0:
+                        acc.clip_grad_norm_(step_module.parameters(), tr.max_grad_norm)
+                    self.optimizer.step()
+                    if acc.sync_gradients:
+                        self.scheduler.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+                step_tokens += int(batch["attention_mask"].sum())
+                micro_values.setdefault("loss", []).append(loss.detach())
+                for key, value in result.metrics.items():
+                    micro_values.setdefault(key, []).append(value.detach())
+            # Token-weighted values are shares of the step's global value (summed); per-micro means are averaged.
+            window.append({k: torch.stack(v).float().sum() if num_items is not None else torch.stack(v).float().mean()
+                           for k, v in micro_values.items()})
             self.step += 1
             all_tokens = int(acc.reduce(torch.tensor(step_tokens, device=acc.device), "sum"))
             self.tokens_seen += all_tokens
@@ -476,13 +509,13 @@ class RecipeTrainer:
                 steady_start, steady_tokens = time.perf_counter(), self.tokens_seen
             bar.update(1)
             if self.step % tr.log_every == 0 or self.step == tr.max_steps:
-                logs = {k: float(acc.reduce(torch.stack(v).float().mean(), "mean")) for k, v in window.items()}
+                logs = self._reduce_window(window, token_weighted=num_items is not None)
                 elapsed = time.perf_counter() - window_start
                 logs["lr"] = self.scheduler.get_last_lr()[0]
                 logs["tokens_per_s"] = log_tokens / max(elapsed, 1e-9)
                 acc.log(logs, step=self.step)
                 bar.set_postfix(loss=f"{logs['loss']:.3f}", tok_s=f"{logs['tokens_per_s']:.0f}")
-                window, window_start, log_tokens = {}, time.perf_counter(), 0
+                window, window_start, log_tokens = [], time.perf_counter(), 0
             step_tokens = 0
             self.on_optimizer_step()
             if self.step % tr.checkpoint_every == 0 or self.step == tr.max_steps:
@@ -502,6 +535,55 @@ class RecipeTrainer:
         summary.update(self.before_final_save())
         self.save_final(summary)
         return summary
+
+    def _prepare_step(self, group: list[dict[str, Any]]
+                      ) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor] | None]:
+        """(the step's micro-batches as the step module prepared them, each loss term's item count summed over them
+        and over processes), or (the batches, None) when the step module does not count its loss items."""
+        acc = self.accelerator
+        module = self.unwrapped()
+        prepare = getattr(module, "prepare", None)
+        if prepare is None:
+            return group, None
+        prepared, counts = [], []
+        with torch.no_grad(), acc.autocast():
+            for batch in group:
+                batch, batch_counts = prepare(batch, self.step)
+                prepared.append(batch)
+                counts.append(batch_counts)
+        if any(c is None for c in counts):
+            if not self.warned_no_item_counts:
+                logger.warning("%s does not count its loss items: each micro-batch takes its own token mean, so "
+                               "the result depends on the micro-batch size", type(module).__name__)
+                self.warned_no_item_counts = True
+            return prepared, None
+        terms = sorted(counts[0])
+        local = torch.stack([torch.stack([torch.as_tensor(c[t], device=acc.device).long() for t in terms])
+                             for c in counts]).sum(0)  # [terms]
+        total = acc.reduce(local, "sum")
+        return prepared, dict(zip(terms, total.unbind()))
+
+    def _reduce_window(self, window: list[dict[str, torch.Tensor]], token_weighted: bool) -> dict[str, float]:
+        """The logged value of every key: per optimizer step, the sum over processes of their token-weighted shares
+        (the step's global value), or the mean over processes of per-micro-batch means; then the mean over the
+        window's steps that have the key (accuracy metrics exist only on logged steps)."""
+        acc = self.accelerator
+        keys = sorted({k for values in window for k in values})
+        if acc.num_processes > 1:  # a key may be missing on one process (e.g. an empty batch has no metrics)
+            keys = sorted({k for part in gather_object([keys]) for k in part})
+        values = torch.zeros(len(window), len(keys), dtype=torch.float64)
+        present = torch.zeros_like(values)
+        for i, step_values in enumerate(window):
+            for j, key in enumerate(keys):
+                if key in step_values:
+                    values[i, j], present[i, j] = float(step_values[key]), 1.0
+        values = acc.reduce(values.to(acc.device), "sum").cpu()
+        present = acc.reduce(present.to(acc.device), "sum").cpu()
+        if not token_weighted:
+            values = values / present.clamp_min(1.0)
+        has_key = (present > 0).to(values.dtype)
+        means = (values * has_key).sum(0) / has_key.sum(0).clamp_min(1.0)
+        return {key: float(mean) for key, mean in zip(keys, means)}
 
     def before_final_save(self) -> dict[str, Any]:
         """Last measurements before the final model is written (facts returned go into the summary)."""
@@ -622,18 +704,41 @@ class _TrainStep(torch.nn.Module):
         object.__setattr__(self, "_target", target)  # frozen and borrowed: never wrapped, never saved
         self.layers = head.required_layers()
         self.need_logits = type(head).needs_target_logits
+        # (input_ids, target output) of batches prepare() ran the target on, in order, until their forward.
+        self._kept_outputs: collections.deque[tuple[torch.Tensor, TargetOutput]] = collections.deque()
 
-    def forward(self, batch: dict[str, Any], step: int) -> HeadLoss:
-        with torch.no_grad():
-            if "features" in batch:  # offline: cached hidden states; logits recomputed with the frozen lm_head
-                cached = batch["features"]
-                logits = self._target.logits_from_hidden(cached[self._target.num_layers]) if self.need_logits \
-                    else None
-                target_out = TargetOutput(logits=logits, hidden_states={i: cached[i] for i in self.layers})
-            else:
-                target_out = self._target(batch["input_ids"], batch["attention_mask"], layers=self.layers,
-                                          logits=self.need_logits)
-        return self.head.training_loss(batch, target_out)
+    @torch.no_grad()
+    def _target_output(self, batch: dict[str, Any]) -> TargetOutput:
+        if "features" in batch:  # offline: cached hidden states; logits recomputed with the frozen lm_head
+            cached = batch["features"]
+            logits = self._target.logits_from_hidden(cached[self._target.num_layers]) if self.need_logits else None
+            return TargetOutput(logits=logits, hidden_states={i: cached[i] for i in self.layers})
+        return self._target(batch["input_ids"], batch["attention_mask"], layers=self.layers,
+                            logits=self.need_logits)
+
+    def prepare(self, batch: dict[str, Any], step: int) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+        """(the batch, the head's loss item counts). A head whose counts need the target's output (EAGLE-3 with a
+        reduced draft vocab) gets it here; it is kept for this batch's :meth:`forward` (no second target pass),
+        which costs the target outputs of one optimizer step's micro-batches in memory."""
+        if not self.head.loss_item_counts_need_target():
+            return batch, self.head.loss_item_counts(batch)
+        target_out = self._target_output(batch)
+        self._kept_outputs.append((batch["input_ids"], target_out))
+        return batch, self.head.loss_item_counts(batch, target_out)
+
+    def forward(self, batch: dict[str, Any], step: int, num_items: dict[str, torch.Tensor] | None = None
+                ) -> HeadLoss:
+        target_out = None
+        if self._kept_outputs:
+            ids, kept = self._kept_outputs.popleft()
+            if ids is batch["input_ids"] or (ids.shape == batch["input_ids"].shape
+                                             and torch.equal(ids, batch["input_ids"])):
+                target_out = kept
+            else:  # not the batch prepare() saw (prepare without forward): forget what was kept
+                self._kept_outputs.clear()
+        if target_out is None:
+            target_out = self._target_output(batch)
+        return self.head.training_loss(batch, target_out, num_items)
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

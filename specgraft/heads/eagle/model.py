@@ -154,17 +154,32 @@ class EagleHead(EagleHeadBase):
                       position_embeddings=position_embeddings, cache=cache, use_cache=cache is not None)
         return x
 
-    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput) -> HeadLoss:
-        """EAGLE-1 loss over one batch (one-position shift, see :func:`eagle1_loss`).
+    @staticmethod
+    def _masks(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T] bool real tokens, and real loss tokens."""
+        input_ids = batch["input_ids"]  # [B, T]
+        real = batch.get("attention_mask")
+        real = torch.ones_like(input_ids, dtype=torch.bool) if real is None else real.bool()
+        return real, (real & batch["loss_mask"].bool() if "loss_mask" in batch else real)
+
+    def loss_item_counts(self, batch: dict[str, torch.Tensor],
+                         target_out: TargetOutput | None = None) -> dict[str, torch.Tensor]:
+        """``pairs``: the scored pairs (predicted token ``x_{i+2}`` a real loss token) both loss terms average
+        over."""
+        _, labels = self._masks(batch)
+        return {"pairs": labels[:, 2:].sum() if labels.shape[1] >= 3 else labels.new_zeros((), dtype=torch.long)}
+
+    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
+                      num_items: dict[str, torch.Tensor] | None = None) -> HeadLoss:
+        """EAGLE-1 loss over one batch (one-position shift, see :func:`eagle1_loss`); both terms are divided by
+        ``num_items["pairs"]`` when given (see :meth:`DraftHead.training_loss`).
 
         The draft runs on the T-1 pairs ``(f_i, x_{i+1})``, i = 0..T-2, in one causal pass; pair i is scored when
         its predicted token ``x_{i+2}`` is a real loss token. Only those rows are projected onto the vocabulary.
         """
         input_ids = batch["input_ids"]  # [B, T]
         seq_len = input_ids.shape[1]
-        real = batch.get("attention_mask")
-        real = torch.ones_like(input_ids, dtype=torch.bool) if real is None else real.bool()
-        labels = real & batch["loss_mask"].bool() if "loss_mask" in batch else real
+        real, labels = self._masks(batch)
         feats = self.input_features(target_out.hidden_states)  # [B, T, h]
         if seq_len < 3:
             zero = sum(p.sum() for p in self.parameters()) * 0.0
@@ -195,6 +210,7 @@ class EagleHead(EagleHeadBase):
             torch.ones(rows.shape[0], device=rows.device),
             feature_weight=self.config.feature_loss_weight,
             logit_weight=self.config.logit_loss_weight,
+            num_items=None if num_items is None else num_items["pairs"],
         )
         return HeadLoss(loss=loss, metrics=metrics)
 
@@ -207,6 +223,7 @@ def eagle1_loss(
     mask: torch.Tensor,
     feature_weight: float = 1.0,
     logit_weight: float = 0.1,
+    num_items: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The EAGLE-1 loss on aligned rows (any leading shape ``S``).
 
@@ -217,6 +234,8 @@ def eagle1_loss(
         target_logits: S x [V] the target's logits at position i+1 (the distribution of x_{i+2}).
         mask: S, 1 where the row counts.
         feature_weight, logit_weight: loss weights.
+        num_items: what the sums over rows are divided by instead of ``mask.sum()`` (the whole batch's count when
+            this is one micro-batch of it), for the losses and the metric alike.
 
     Returns:
         ``feature_weight * mean_rows(mean_h SmoothL1(pred, next)) + logit_weight * mean_rows(-sum_v p log q)``,
@@ -225,14 +244,14 @@ def eagle1_loss(
     """
     mask = mask.to(torch.float32)
     feat = F.smooth_l1_loss(pred_features.float(), next_features.float(), reduction="none").mean(-1)  # S
-    feature_loss = masked_mean(feat, mask)
+    feature_loss = masked_mean(feat, mask, num_items)
     target_probs = torch.softmax(target_logits.float(), dim=-1)
-    logit_loss = soft_cross_entropy(draft_logits, target_probs, mask)
+    logit_loss = soft_cross_entropy(draft_logits, target_probs, mask, num_items)
     loss = feature_weight * feature_loss + logit_weight * logit_loss
     with torch.no_grad():
         # The draft's logit at the target's top-1 is its maximum (cheaper than a second argmax).
         best = target_logits.argmax(-1, keepdim=True)
         hit = draft_logits.gather(-1, best) >= draft_logits.amax(-1, keepdim=True)
-        top1 = masked_mean(hit.squeeze(-1).float(), mask)
+        top1 = masked_mean(hit.squeeze(-1).float(), mask, num_items)
     metrics = {"loss/feature": feature_loss.detach(), "loss/logit": logit_loss.detach(), "top1/step0": top1}
     return loss, metrics

@@ -50,7 +50,7 @@ from specgraft.heads.layers import (
     draft_layer_config,
     register_eagle_attention,
 )
-from specgraft.heads.losses import decayed_sum, linear_cross_entropy, masked_mean
+from specgraft.heads.losses import decayed_sum, item_mean, linear_cross_entropy, masked_mean
 from specgraft.target import Target, TargetOutput
 
 logger = logging.getLogger(__name__)
@@ -203,27 +203,62 @@ class Eagle3Head(EagleHeadBase):
         """Draft-vocab logits [B, T, Vd] of each TTT step (see :meth:`ttt_outputs`)."""
         return [self.lm_head(self.norm(out)) for out in self.ttt_outputs(batch, target_out, steps)]
 
-    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput) -> HeadLoss:
+    def _soft_targets(self, target_out: TargetOutput) -> torch.Tensor:
+        """[B, T, V] the target's logits (recomputed from its post-norm last layer when only features are cached)."""
+        if target_out.logits is not None:
+            return target_out.logits
+        last = target_out.hidden_states.get(self.target.num_layers)
+        if last is None:
+            raise SpecgraftError("EAGLE-3 training needs the target's logits (soft targets); run the target with "
+                                 "logits=True (Eagle3Head.needs_target_logits) or cache its last layer")
+        return self.target.logits_from_hidden(last)  # the post-norm last layer feeds the lm_head
+
+    def _in_draft_vocab(self, target_logits: torch.Tensor) -> torch.Tensor | None:
+        """[B, T] bool whether the target's top-1 is inside the draft vocab (None: the draft vocab is the target's,
+        d2t = 0)."""
+        if self.config.draft_vocab_size == self.target.vocab_size:
+            return None
+        return self.t2d[target_logits.argmax(-1)]
+
+    def _scored(self, labels: torch.Tensor, in_vocab: torch.Tensor | None, s: int) -> torch.Tensor:
+        """[B, max(T - s - 2, 0)] bool: index i of TTT step s is scored (token i+s+2 a loss token, the target's
+        top-1 at i+s+1 in the draft vocab)."""
+        length = max(labels.shape[1] - s - 2, 0)
+        scored = labels[:, s + 2 :]  # [B, L]
+        return scored if in_vocab is None else scored & in_vocab[:, s + 1 : s + 1 + length]
+
+    def loss_item_counts_need_target(self) -> bool:
+        """The scored rows depend on the target's top-1 unless the draft vocab is the whole target vocab."""
+        return self.config.draft_vocab_size != self.target.vocab_size
+
+    def loss_item_counts(self, batch: dict[str, torch.Tensor],
+                         target_out: TargetOutput | None = None) -> dict[str, torch.Tensor]:
+        """``step{s}``: the scored indices TTT step s's soft cross-entropy averages over."""
+        in_vocab = None
+        if self.loss_item_counts_need_target():
+            if target_out is None:
+                raise ValueError("EAGLE-3 with a reduced draft vocabulary counts its loss items from the target's "
+                                 "output; pass target_out")
+            with torch.no_grad():
+                in_vocab = self._in_draft_vocab(self._soft_targets(target_out))
+        labels = _label_positions(batch)
+        return {f"step{s}": self._scored(labels, in_vocab, s).sum() for s in range(self.config.ttt_steps)}
+
+    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
+                      num_items: dict[str, torch.Tensor] | None = None) -> HeadLoss:
         """:func:`eagle3_ttt_loss`, computed on the scored rows only and chunk by chunk over them
         (:func:`~specgraft.heads.losses.linear_cross_entropy`): the draft lm_head, the target distribution restricted
-        to the draft vocabulary and the soft cross-entropy are never materialised as [tokens, vocab] tensors."""
-        target_logits = target_out.logits
-        if target_logits is None:
-            last = target_out.hidden_states.get(self.target.num_layers)
-            if last is None:
-                raise SpecgraftError("EAGLE-3 training needs the target's logits (soft targets); run the target with "
-                                     "logits=True (Eagle3Head.needs_target_logits) or cache its last layer")
-            target_logits = self.target.logits_from_hidden(last)  # the post-norm last layer feeds the lm_head
+        to the draft vocabulary and the soft cross-entropy are never materialised as [tokens, vocab] tensors. Step
+        s is divided by ``num_items["step{s}"]`` when given (see :meth:`DraftHead.training_loss`)."""
+        target_logits = self._soft_targets(target_out)
         outputs = self.ttt_outputs(batch, target_out)
         labels = _label_positions(batch)  # [B, T]
         batch_size, seq_len = labels.shape
         with torch.no_grad():
             flat_target = target_logits.detach().reshape(batch_size * seq_len, -1)  # [B*T, V]
-            if self.config.draft_vocab_size == self.target.vocab_size:
-                columns, in_vocab = None, None  # the draft vocab is the target vocab (d2t = 0)
-            else:
-                columns = self.draft_token_ids().to(flat_target.device)  # [Vd] target id of each draft id
-                in_vocab = self.t2d[target_logits.argmax(-1)]  # [B, T] target top-1 inside the draft vocab
+            in_vocab = self._in_draft_vocab(target_logits)  # [B, T] or None
+            # [Vd] target id of each draft id (None: the draft vocab is the target vocab)
+            columns = None if in_vocab is None else self.draft_token_ids().to(flat_target.device)
             # [B, T] row of flat_target holding (b, t)
             flat_index = torch.arange(batch_size * seq_len, device=labels.device).view(batch_size, seq_len)
         total = None
@@ -231,21 +266,19 @@ class Eagle3Head(EagleHeadBase):
         for s, out in enumerate(outputs):
             # Index i (0 <= i < T-s-2) predicts token i+s+2 against the target's distribution at i+s+1.
             length = max(seq_len - s - 2, 0)
-            scored = labels[:, s + 2 :]  # [B, L]
-            if in_vocab is not None:
-                scored = scored & in_vocab[:, s + 1 : s + 1 + length]
+            scored = self._scored(labels, in_vocab, s)  # [B, L]
             rows = self.norm(out[:, :length][scored])  # [N, h]
             ce_sum, rank = linear_cross_entropy(
                 rows, self.lm_head.weight, target_logits=flat_target,
                 target_rows=flat_index[:, s + 1 : s + 1 + length][scored], target_columns=columns,
                 with_rank=self.metrics_enabled)
-            count = max(rows.shape[0], 1)
-            step_loss = ce_sum / count
+            step_loss = item_mean(ce_sum, rows.shape[0], num_items, f"step{s}")
             term = (self.config.loss_decay ** s) * step_loss
             total = term if total is None else total + term
             metrics[f"loss/step{s}"] = step_loss.detach()
             if rank is not None:  # top-1 hit: the draft's top-1 is the target's (restricted) top-1
-                metrics[f"top1/step{s}"] = (rank == 0).sum().float() / count
+                metrics[f"top1/step{s}"] = item_mean((rank == 0).sum().float(), rows.shape[0], num_items,
+                                                     f"step{s}")
         assert total is not None  # ttt_steps >= 1 (validated)
         return HeadLoss(loss=total, metrics=metrics)
 

@@ -42,12 +42,14 @@ def apply_lora(target: Target, lora_cfg: Any) -> nn.Module:
     return peft_model
 
 
-def kl_base_to_adapted(base_logits: torch.Tensor, adapted_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Masked mean over positions of KL(p_base || p_adapted) (both [B, T, V] logits)."""
+def kl_base_to_adapted(base_logits: torch.Tensor, adapted_logits: torch.Tensor, mask: torch.Tensor,
+                       num_items: torch.Tensor | int | None = None) -> torch.Tensor:
+    """Masked mean over positions of KL(p_base || p_adapted) (both [B, T, V] logits; divided by ``num_items``
+    instead of the mask's sum when given, see :func:`~specgraft.heads.losses.masked_mean`)."""
     base_logp = torch.log_softmax(base_logits.float(), dim=-1)
     adapted_logp = torch.log_softmax(adapted_logits.float(), dim=-1)
     kl = (base_logp.exp() * (base_logp - adapted_logp)).sum(-1)
-    return masked_mean(kl, mask)
+    return masked_mean(kl, mask, num_items)
 
 
 class Medusa2Step(nn.Module):
@@ -64,22 +66,39 @@ class Medusa2Step(nn.Module):
         self.cfg = lora_cfg
         self.layer = target.num_layers
 
-    def forward(self, batch: dict[str, torch.Tensor], step: int) -> HeadLoss:
+    @staticmethod
+    def _lm_and_kl_masks(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T-1] labels of the LM term (real loss tokens, shifted) and [B, T] positions of the KL term."""
+        loss_mask = batch["loss_mask"] * batch["attention_mask"]
+        return loss_mask[:, 1:], loss_mask
+
+    def prepare(self, batch: dict[str, torch.Tensor], step: int
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(the batch, its loss items): the heads' terms, ``lm`` and ``kl`` (see the trainer's token weighting)."""
+        lm_mask, kl_mask = self._lm_and_kl_masks(batch)
+        counts = dict(self.head.loss_item_counts(batch))
+        counts.update({"lm": lm_mask.sum(), "kl": kl_mask.sum()})
+        return batch, counts
+
+    def forward(self, batch: dict[str, torch.Tensor], step: int,
+                num_items: dict[str, torch.Tensor] | None = None) -> HeadLoss:
+        """The step's loss; every term divided by its ``num_items`` entry when given (else by its own count)."""
         input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
-        loss_mask = batch["loss_mask"] * attention_mask
         if step < self.cfg.head_warmup_steps:
             with torch.no_grad():
                 out = self._target(input_ids, attention_mask, layers=(self.layer,), logits=False)
-            return self.head.training_loss(batch, out)
+            return self.head.training_loss(batch, out, num_items)
 
         out = self.peft_model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
         hidden = out.hidden_states[self.layer]
         with torch.no_grad(), self.peft_model.disable_adapter():
             base_logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask).logits
-        heads = self.head.training_loss(batch, TargetOutput(logits=out.logits, hidden_states={self.layer: hidden}))
-        shifted_mask = loss_mask[:, 1:]
-        lm = masked_cross_entropy(out.logits[:, :-1], input_ids[:, 1:], shifted_mask)
-        kl = kl_base_to_adapted(base_logits, out.logits, loss_mask)
+        heads = self.head.training_loss(batch, TargetOutput(logits=out.logits, hidden_states={self.layer: hidden}),
+                                        num_items)
+        lm_mask, kl_mask = self._lm_and_kl_masks(batch)
+        lm = masked_cross_entropy(out.logits[:, :-1], input_ids[:, 1:], lm_mask,
+                                  None if num_items is None else num_items["lm"])
+        kl = kl_base_to_adapted(base_logits, out.logits, kl_mask, None if num_items is None else num_items["kl"])
         total = self.cfg.lm_loss_weight * lm + self.cfg.head_loss_weight * heads.loss + self.cfg.kl_weight * kl
         metrics = dict(heads.metrics)
         metrics.update({"loss/lm": lm.detach(), "loss/kl_to_base": kl.detach(), "loss/heads": heads.loss.detach()})

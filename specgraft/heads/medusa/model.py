@@ -23,7 +23,7 @@ from torch import nn
 
 from specgraft.errors import SpecgraftError
 from specgraft.heads.base import DraftHead, HeadLoss
-from specgraft.heads.losses import decayed_sum, linear_cross_entropy
+from specgraft.heads.losses import decayed_sum, item_mean, linear_cross_entropy
 from specgraft.heads.medusa.config import MedusaConfig
 from specgraft.target import Target, TargetOutput
 
@@ -142,25 +142,39 @@ class MedusaHead(DraftHead):
         return torch.stack([self.head_logits(hidden, k) for k in range(self.num_heads)])
 
     # -- training --------------------------------------------------------------------------------------------
-    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput) -> HeadLoss:
-        """Decayed sum of per-head cross-entropies on assistant tokens (see :func:`medusa_loss`).
+    def _pair_masks(self, batch: dict[str, torch.Tensor]) -> list[torch.Tensor | None]:
+        """Per head k, the [B, T - k - 2] bool pairs (position t, label t + k + 2) that count (None: too short)."""
+        input_ids = batch["input_ids"]
+        attention_mask = batch.get("attention_mask")
+        labelled = label_mask(input_ids, batch.get("loss_mask"), attention_mask)  # [B, T] labels that count
+        real = label_mask(input_ids, None, attention_mask)  # [B, T] positions holding a real token
+        seq_len = input_ids.shape[1]
+        return [real[:, : seq_len - (k + 2)] & valid_labels(labelled, k + 2) if seq_len > k + 2 else None
+                for k in range(self.num_heads)]
+
+    def loss_item_counts(self, batch: dict[str, torch.Tensor],
+                         target_out: TargetOutput | None = None) -> dict[str, torch.Tensor]:
+        """``head{k}``: the labelled pairs head k's cross-entropy averages over."""
+        zero = batch["input_ids"].new_zeros(())
+        return {f"head{k}": zero if sel is None else sel.sum() for k, sel in enumerate(self._pair_masks(batch))}
+
+    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
+                      num_items: dict[str, torch.Tensor] | None = None) -> HeadLoss:
+        """Decayed sum of per-head cross-entropies on assistant tokens (see :func:`medusa_loss`); head k's is
+        divided by ``num_items["head{k}"]`` when given (see :meth:`DraftHead.training_loss`).
 
         Only the rows that have a label are projected onto the vocabulary (one matmul per head on the flattened,
         masked rows), which is what makes head training cheap.
         """
         hidden = target_out.hidden_states[self.target.num_layers]  # [B, T, h]
         input_ids = batch["input_ids"]
-        attention_mask = batch.get("attention_mask")
-        labelled = label_mask(input_ids, batch.get("loss_mask"), attention_mask)  # [B, T] labels that count
-        real = label_mask(input_ids, None, attention_mask)  # [B, T] positions holding a real token
         hidden = hidden.to(self._param_dtype())
         seq_len = input_ids.shape[1]
         total = hidden.new_zeros(())
         metrics: dict[str, torch.Tensor] = {}
-        for k in range(self.num_heads):
+        for k, sel in enumerate(self._pair_masks(batch)):
             offset = k + 2
-            if seq_len > offset:
-                sel = real[:, : seq_len - offset] & valid_labels(labelled, offset)  # [B, T - offset]
+            if sel is not None:  # [B, T - offset]
                 rows = hidden[:, : seq_len - offset][sel]  # [N, h]
                 labels = input_ids[:, offset:][sel]  # [N]
             else:
@@ -179,14 +193,13 @@ class MedusaHead(DraftHead):
                 if self.metrics_enabled:
                     with torch.no_grad():
                         rank = _label_rank(logits, labels)  # [N]
-            ce = ce_sum / max(count, 1)
+            ce = item_mean(ce_sum, count, num_items, f"head{k}")
             total = total + (self.config.loss_decay ** k) * ce
             metrics[f"loss/head{k}"] = ce.detach()
             if rank is not None:  # a rank over the vocabulary costs about as much as the loss itself
                 with torch.no_grad():
-                    denom = max(count, 1)
-                    metrics[f"top1/head{k}"] = (rank < 1).sum().float() / denom
-                    metrics[f"top5/head{k}"] = (rank < 5).sum().float() / denom
+                    metrics[f"top1/head{k}"] = item_mean((rank < 1).sum().float(), count, num_items, f"head{k}")
+                    metrics[f"top5/head{k}"] = item_mean((rank < 5).sum().float(), count, num_items, f"head{k}")
         return HeadLoss(loss=total, metrics=metrics)
 
 
