@@ -74,11 +74,19 @@ class ToyHead(DraftHead):
     def required_layers(self) -> tuple[int, ...]:
         return (self.target.num_layers,)
 
-    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput) -> HeadLoss:
+    @staticmethod
+    def _mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return batch["loss_mask"][:, 2:] * batch["attention_mask"][:, 2:]  # [B, T-2]: token t+2 is a loss token
+
+    def loss_item_counts(self, batch: dict[str, torch.Tensor], target_out: Any = None) -> dict[str, torch.Tensor]:
+        return {"tokens": self._mask(batch).sum()}
+
+    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
+                      num_items: dict[str, torch.Tensor] | None = None) -> HeadLoss:
         hidden = target_out.hidden_states[self.target.num_layers][:, :-2]  # [B, T-2, h]
         labels = batch["input_ids"][:, 2:]  # [B, T-2]
-        mask = batch["loss_mask"][:, 2:] * batch["attention_mask"][:, 2:]
-        loss = masked_cross_entropy(self.proj(hidden.float()), labels, mask)
+        loss = masked_cross_entropy(self.proj(hidden.float()), labels, self._mask(batch),
+                                    None if num_items is None else num_items["tokens"])
         return HeadLoss(loss, {"loss/toy": loss.detach()})
 
 
