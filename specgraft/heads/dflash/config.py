@@ -19,6 +19,10 @@ from specgraft.target import Target
 #: The smallest block: the anchor plus one predicted token.
 MIN_BLOCK_SIZE = 2
 
+#: Where the draft decoder layers come from: the target family's own class, or transformers' Qwen3 layer sized
+#: like the target (the layout speculators and vLLM run DFlash drafts with, so any target's head can be exported).
+DRAFT_LAYER_KINDS = ("target", "qwen3")
+
 
 @dataclass
 class DFlashConfig:
@@ -43,6 +47,9 @@ class DFlashConfig:
     """Anchors (blocks) sampled per training sequence (fewer when the sequence has fewer valid positions)."""
     sample_from_anchor: bool = False
     """Must be False: slot 0 is the anchor/bonus token (DSpark's True mode is not supported)."""
+    draft_layers: str = "target"
+    """``target``: decoder layers of the target's own family; ``qwen3``: transformers' Qwen3 decoder layer with
+    the target's sizes (what speculators/vLLM serve; identical to ``target`` for Qwen3 targets)."""
 
     def validate(self) -> None:
         """Check the values on their own (target-dependent checks are in :func:`check_against_target`)."""
@@ -63,6 +70,9 @@ class DFlashConfig:
                                  "head.mask_token_id to a token the tokenizer never produces")
         if not float(self.decay_gamma) > 0.0:
             raise SpecgraftError(f"dflash decay_gamma must be > 0, got {self.decay_gamma}; e.g. 4.0")
+        if self.draft_layers not in DRAFT_LAYER_KINDS:
+            raise SpecgraftError(f"dflash draft_layers must be one of {DRAFT_LAYER_KINDS}, got "
+                                 f"{self.draft_layers!r}; use qwen3 for drafts that vLLM/speculators can serve")
         if self.sample_from_anchor:
             raise SpecgraftError("dflash sample_from_anchor=True (DSpark's mode: slot 0 also predicts) is not "
                                  "supported, and vLLM serves DFlash with slot 0 as the anchor; set it to false")

@@ -118,6 +118,32 @@ def _layer_norms(layer: nn.Module) -> bool:
                          "layers (input_layernorm, post_attention_layernorm) and Gemma's sandwich norms")
 
 
+def qwen3_layer_config(target: Target, num_layers: int) -> Any:
+    """A transformers ``Qwen3Config`` for ``num_layers`` draft layers with the target's sizes, activation, norm
+    epsilon and RoPE (speculators builds DFlash drafts of any target this way)."""
+    from transformers import Qwen3Config
+
+    src = target.text_config
+    heads = int(src.num_attention_heads)
+    rotary = float(getattr(src, "partial_rotary_factor", 1.0) or 1.0)
+    if rotary != 1.0:
+        raise SpecgraftError(f"{target.identity.model_type} rotates only {rotary:.0%} of each head, which Qwen3 "
+                             "layers cannot; use head.draft_layers: target for this target")
+    eps = next((getattr(src, name) for name in ("rms_norm_eps", "layer_norm_eps") if getattr(src, name, None)),
+               1e-6)
+    cfg = Qwen3Config(
+        vocab_size=int(src.vocab_size), hidden_size=int(src.hidden_size),
+        intermediate_size=int(src.intermediate_size), num_hidden_layers=num_layers,
+        num_attention_heads=heads, num_key_value_heads=int(getattr(src, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(src, "head_dim", None) or src.hidden_size // heads),
+        hidden_act=str(getattr(src, "hidden_act", None) or getattr(src, "hidden_activation", "silu")),
+        max_position_embeddings=int(getattr(src, "max_position_embeddings", 4096) or 4096), rms_norm_eps=float(eps),
+        rope_parameters=copy.deepcopy(getattr(src, "rope_parameters", None)), attention_bias=False,
+        tie_word_embeddings=False, layer_types=["full_attention"] * num_layers, use_sliding_window=False)
+    cfg._attn_implementation = DFLASH_ATTENTION
+    return cfg
+
+
 # -- the head ------------------------------------------------------------------------------------------------
 @register_head
 class DFlashHead(DraftHead):
@@ -132,9 +158,15 @@ class DFlashHead(DraftHead):
         super().__init__(config, target)
         register_dflash_attention()
         h = target.hidden_size
-        self.draft_config = draft_layer_config(target, config.num_layers, attn_implementation=DFLASH_ATTENTION)
-        self.layers = nn.ModuleList(build_decoder_layer(target, self.draft_config, i)
-                                    for i in range(config.num_layers))
+        if config.draft_layers == "qwen3":
+            from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+
+            self.draft_config = qwen3_layer_config(target, config.num_layers)
+            self.layers = nn.ModuleList(Qwen3DecoderLayer(self.draft_config, i) for i in range(config.num_layers))
+        else:
+            self.draft_config = draft_layer_config(target, config.num_layers, attn_implementation=DFLASH_ATTENTION)
+            self.layers = nn.ModuleList(build_decoder_layer(target, self.draft_config, i)
+                                        for i in range(config.num_layers))
         self._sandwich = _layer_norms(self.layers[0])
         self.fc = nn.Linear(len(config.aux_layer_ids) * h, h, bias=False)
         # Fresh copies of the family's norm class (still untrained) for the context and final norms.
@@ -169,7 +201,7 @@ class DFlashHead(DraftHead):
         """The DFlash fields of a recipe's head section (None or absent = default); ``feature_layers`` is accepted
         as the recipe-wide name of ``aux_layer_ids``."""
         names = ("block_size", "num_layers", "aux_layer_ids", "mask_token_id", "draft_vocab_size", "decay_gamma",
-                 "max_anchors", "sample_from_anchor")
+                 "max_anchors", "sample_from_anchor", "draft_layers")
         fields = {name: getattr(head_cfg, name, None) for name in names}
         if fields["aux_layer_ids"] is None:
             fields["aux_layer_ids"] = getattr(head_cfg, "feature_layers", None)

@@ -14,10 +14,7 @@ from specgraft.heads.dflash.model import DFlashHead
 from specgraft.target import Target
 from specgraft.testing import tiny_model, tiny_tokenizer
 
-
-def make_head(target: Target, seed: int = 1, **fields) -> DFlashHead:
-    torch.manual_seed(seed)
-    return DFlashHead.build(target, resolve_dflash_config(target, **fields))
+from .helpers import make_head
 
 
 def make_batch(seq_len: int = 14, batch: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
