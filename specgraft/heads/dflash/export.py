@@ -16,6 +16,10 @@ Facts this layout follows (checked against their source, not copied):
   ``vllm/transformers_utils/configs/speculators/algos.py`` (``update_dflash``: ``aux_hidden_state_layer_ids`` and
   ``mask_token_id`` are required; the ids are output_hidden_states indices, vLLM captures ``i - 1``).
 
+* speculators 0.9.0 (PyPI) ``DFlashDraftModel`` ignores ``embed_tokens.weight`` on save and, for a full-vocabulary
+  draft, ``lm_head.weight`` too, reloading both from the verifier (``load_verifier_weights``);
+  ``tests/heads/dflash/test_dflash_speculators_client.py`` loads our export with it and gets our block logits.
+
 So the tensors are exactly the head's own state dict (a rename-free copy): the full-vocabulary head writes no
 ``lm_head`` (engines share the target's, as the head does) and no embedding table.
 """
