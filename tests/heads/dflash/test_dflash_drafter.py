@@ -23,10 +23,10 @@ def llama_trained():
     return target, data, train_head(target, data, steps=80, block_size=4, max_anchors=64)
 
 
-@pytest.mark.parametrize("mode", ["chain", "tree"])
-def test_random_heads_decode_exactly_like_plain_greedy(tiny_arch, mode):
+@pytest.mark.parametrize(("mode", "draft_layers"), [("chain", "target"), ("tree", "target"), ("chain", "qwen3")])
+def test_random_heads_decode_exactly_like_plain_greedy(tiny_arch, mode, draft_layers):
     target = Target(tiny_model(tiny_arch), tiny_tokenizer())
-    head = make_head(target, block_size=4, num_layers=2)
+    head = make_head(target, block_size=4, num_layers=2, draft_layers=draft_layers)
     prompt = torch.randint(6, 300, (6,), generator=torch.Generator().manual_seed(3)).tolist()
     plain = SpeculativeDecoder(target, ignore_eos=True).generate(prompt, 16)
     spec = SpeculativeDecoder(target, drafter=DFlashDrafter(head, mode=mode, top_k=3), ignore_eos=True)

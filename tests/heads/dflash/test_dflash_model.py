@@ -146,6 +146,7 @@ def test_mask_token_defaults(llama_target):
     ({"draft_vocab_size": 400}, "draft"),
     ({"decay_gamma": 0.0}, "decay_gamma must be > 0"),
     ({"colour": 1}, "unknown dflash fields"),
+    ({"draft_layers": "mamba"}, "draft_layers must be one of"),
 ])
 def test_bad_input_is_one_line(llama_target, fields, message):
     with pytest.raises(SpecgraftError, match=message) as info:
@@ -156,3 +157,12 @@ def test_bad_input_is_one_line(llama_target, fields, message):
 def test_an_invalid_saved_config_is_refused_on_build(llama_target):
     with pytest.raises(SpecgraftError, match="block_size"):
         DFlashHead(DFlashConfig(block_size=0, aux_layer_ids=[1], mask_token_id=5), llama_target)
+
+
+def test_config_from_a_recipe_head_section(llama_target):
+    from types import SimpleNamespace
+
+    section = SimpleNamespace(type="dflash", block_size=6, num_layers=2, feature_layers=[1, 2], mask_token_id=None,
+                              draft_vocab_size=None, decay_gamma=None, max_anchors=64)
+    cfg = DFlashHead.config_from_recipe(section, llama_target)
+    assert cfg == DFlashConfig(block_size=6, num_layers=2, aux_layer_ids=[1, 2], mask_token_id=262, max_anchors=64)
