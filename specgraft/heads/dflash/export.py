@@ -1,0 +1,237 @@
+"""DFlash heads in the speculators / vLLM layout: config keys, tensor names, writing and reading back.
+
+Facts this layout follows (checked against their source, not copied):
+
+* speculators (vllm-project/speculators @c05b95b): ``src/speculators/models/dflash/config.py``
+  (``DFlashSpeculatorConfig``: ``speculators_model_type`` "dflash", ``architectures`` ["DFlashSpeculator"],
+  ``transformer_layer_config`` (``num_hidden_layers`` = draft layers), ``draft_vocab_size``, ``block_size``,
+  ``target_hidden_size``, ``aux_hidden_state_layer_ids``, ``mask_token_id``, ``sliding_window_non_causal``,
+  ``sample_from_anchor``, ``speculators_config``), ``core.py`` (``DFlashDraftModel``: ``fc``, ``hidden_norm``,
+  ``norm``, ``layers``, ``lm_head``, ``d2t``/``t2d`` only when the draft vocabulary is smaller; ``embed_tokens``,
+  ``verifier_norm``, ``verifier_lm_head`` come from the verifier) and ``model_definitions.py``
+  (``Qwen3DFlashDecoderLayer``: ``self_attn.{q,k,v,o}_proj`` (biases with ``attention_bias``),
+  ``self_attn.{q,k}_norm``, ``mlp.{gate,up,down}_proj``, ``input_layernorm``, ``post_attention_layernorm``).
+* vLLM ``vllm/model_executor/models/qwen3_dflash.py`` (``DFlashQwen3ForCausalLM.load_weights``: ``d2t`` is loaded,
+  ``t2d`` skipped, ``lm_head``/``embed_tokens`` optional: a draft without them shares the target's) and
+  ``vllm/transformers_utils/configs/speculators/algos.py`` (``update_dflash``: ``aux_hidden_state_layer_ids`` and
+  ``mask_token_id`` are required; the ids are output_hidden_states indices, vLLM captures ``i - 1``).
+
+* speculators 0.9.0 (PyPI) ``DFlashDraftModel`` ignores ``embed_tokens.weight`` on save and, for a full-vocabulary
+  draft, ``lm_head.weight`` too, reloading both from the verifier (``load_verifier_weights``);
+  ``tests/heads/dflash/test_dflash_speculators_client.py`` loads our export with it and gets our block logits.
+
+So the tensors are exactly the head's own state dict (a rename-free copy): the full-vocabulary head writes no
+``lm_head`` (engines share the target's, as the head does) and no embedding table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specgraft.errors import SpecgraftError
+from specgraft.heads.dflash.config import DFlashConfig
+from specgraft.heads.dflash.model import DFlashHead
+from specgraft.target import Target
+from specgraft.utils.io import atomic_path, read_json_meta
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+#: Per-layer tensors of speculators' ``Qwen3DFlashDecoderLayer`` (vLLM's ``DFlashQwen3DecoderLayer`` loads the same).
+_LAYER_TENSORS = (
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+    "input_layernorm.weight", "post_attention_layernorm.weight",
+)
+_LAYER_BIASES = ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias", "self_attn.o_proj.bias")
+
+#: Keys of a speculators DFlash config (``DFlashSpeculatorConfig`` fields plus the base ``speculators_config``).
+CONFIG_KEYS = frozenset({
+    "architectures", "speculators_model_type", "transformer_layer_config", "draft_vocab_size", "block_size",
+    "target_hidden_size", "aux_hidden_state_layer_ids", "mask_token_id", "sliding_window_non_causal",
+    "sample_from_anchor", "speculators_config", "torch_dtype",
+})
+
+#: transformers config keys that describe a saved model, not the draft layer (dropped from transformer_layer_config).
+_NOT_LAYER_KEYS = ("architectures", "auto_map", "transformers_version", "dtype", "torch_dtype", "_name_or_path")
+
+
+def is_dflash_config(config: Mapping[str, Any]) -> bool:
+    """Whether a speculators/engine ``config.json`` describes a DFlash draft."""
+    inner = config.get("speculators_config")
+    algorithm = inner.get("algorithm") if isinstance(inner, Mapping) else None
+    archs = config.get("architectures") or []
+    return (config.get("speculators_model_type") == "dflash" or algorithm == "dflash"
+            or any(str(a).startswith("DFlash") for a in archs if isinstance(a, str)))
+
+
+def check_is_dflash(config: Mapping[str, Any], reading_as: str = "EAGLE-3") -> None:
+    """Refuse a DFlash export where another family (``reading_as``) is expected: raises SpecgraftError when
+    ``config`` is a DFlash one, returns otherwise. (An EAGLE-3 reader calls this before reading EAGLE-3 keys.)"""
+    if is_dflash_config(config):
+        raise SpecgraftError(f"this export is a DFlash draft (speculators_model_type 'dflash'), not {reading_as}; "
+                             "load it with specgraft.heads.dflash.export.load_speculators_export")
+
+
+def expected_speculators_names(config: Mapping[str, Any]) -> set[str]:
+    """The exact tensor names of a speculators DFlash checkpoint with this ``config.json`` (see the module
+    docstring for the sources)."""
+    layer_cfg = config["transformer_layer_config"]
+    names = {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    per_layer = _LAYER_TENSORS + (_LAYER_BIASES if layer_cfg.get("attention_bias") else ())
+    for i in range(int(layer_cfg["num_hidden_layers"])):
+        names.update(f"layers.{i}.{name}" for name in per_layer)
+    if int(config["draft_vocab_size"]) != int(layer_cfg["vocab_size"]):
+        names.update({"lm_head.weight", "d2t", "t2d"})
+    return names
+
+
+def _verifier_architectures(target: Target) -> list[str]:
+    return list(getattr(target.config, "architectures", None) or [target.identity.architecture])
+
+
+def _check_exportable(head: DFlashHead) -> None:
+    target = head.target
+    ids = [int(i) for i in head.config.aux_layer_ids]
+    bad = [i for i in ids if not 1 <= i <= target.num_layers - 1]
+    if bad:
+        raise SpecgraftError(f"DFlash aux layers {bad} cannot be captured by vLLM: it reads the residual stream "
+                             f"between decoder layers, output_hidden_states indices 1..{target.num_layers - 1}; "
+                             "retrain with head.aux_layer_ids inside that range or keep the native head folder")
+    probe = torch.arange(min(4, target.vocab_size), device=target.device)[None]
+    with torch.no_grad():
+        scaled = not torch.equal(target.embed(probe), target.input_embeddings.weight[probe])
+    if scaled:
+        raise SpecgraftError(f"{target.identity.model_type} scales its input embeddings, which vLLM's DFlash draft "
+                             "(sharing the raw embedding table) does not; keep the native head folder for this target")
+
+
+def speculators_config(head: DFlashHead, base_model: str | None = None,
+                       dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """The ``config.json`` of the speculators/vLLM export of ``head`` (``base_model``: the verifier's Hub id or
+    path, default the target's recorded name)."""
+    target = head.target
+    cfg = head.config
+    layer_cfg = {k: v for k, v in head.draft_config.to_diff_dict().items() if k not in _NOT_LAYER_KEYS}
+    layer_cfg.update({"num_hidden_layers": cfg.num_layers, "vocab_size": target.vocab_size,
+                      "model_type": head.draft_config.model_type})
+    vocab = cfg.draft_vocab_size if cfg.reduced_vocab else target.vocab_size
+    dtype_name = str(dtype or head.param_dtype).removeprefix("torch.")
+    return {
+        "architectures": ["DFlashSpeculator"],
+        "speculators_model_type": "dflash",
+        "transformer_layer_config": layer_cfg,
+        "draft_vocab_size": int(vocab),
+        "block_size": int(cfg.block_size),
+        "target_hidden_size": int(target.hidden_size),
+        "aux_hidden_state_layer_ids": [int(i) for i in cfg.aux_layer_ids],
+        "mask_token_id": int(cfg.mask_token_id),
+        "sliding_window_non_causal": False,
+        "sample_from_anchor": False,
+        "speculators_config": {
+            "algorithm": "dflash",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(cfg.block_size) - 1,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": base_model or target.name_or_path,
+                         "architectures": _verifier_architectures(target)},
+        },
+        "torch_dtype": dtype_name,
+    }
+
+
+def speculators_state_dict(head: DFlashHead) -> dict[str, torch.Tensor]:
+    """The head's tensors under speculators' names (the same names: a copy), checked against
+    :func:`expected_speculators_names`; raises SpecgraftError for heads the engines cannot run."""
+    _check_exportable(head)
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    expected = expected_speculators_names(speculators_config(head))
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise SpecgraftError(f"this DFlash head's layers ({type(head.layers[0]).__name__}) do not have speculators' "
+                             f"Qwen3 DFlash layout (missing {missing[:3]}, unexpected {unexpected[:3]}); train it "
+                             "with head.draft_layers: qwen3 to serve it with vLLM/speculators, or keep the native "
+                             "head folder")
+    return state
+
+
+def save_speculators_export(head: DFlashHead, path: str | Path, base_model: str | None = None,
+                            overwrite: bool = False) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` to ``path`` atomically (refuses an existing folder unless
+    ``overwrite``)."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise SpecgraftError(f"{path} already exists; pass overwrite=True (--overwrite) or choose another folder")
+    state = speculators_state_dict(head)
+    config = speculators_config(head, base_model)
+    with atomic_path(path) as tmp:
+        tmp.mkdir(parents=True)
+        save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def _config_from_export(config: Mapping[str, Any], target: Target, where: Path) -> DFlashConfig:
+    layer_cfg = config["transformer_layer_config"]
+    if not isinstance(layer_cfg, Mapping) or "num_hidden_layers" not in layer_cfg:
+        raise SpecgraftError(f"{where}: transformer_layer_config has no num_hidden_layers; the export is corrupt")
+    for key, actual in (("target_hidden_size", target.hidden_size), ("vocab_size", target.vocab_size)):
+        recorded = config.get(key) if key == "target_hidden_size" else layer_cfg.get(key)
+        if recorded is not None and int(recorded) != int(actual):
+            raise SpecgraftError(f"{where} was exported for a target with {key} {recorded}, but "
+                                 f"{target.name_or_path} has {actual}; load it onto its own target")
+    if config.get("sample_from_anchor"):
+        raise SpecgraftError(f"{where} was trained with sample_from_anchor=True (DSpark's mode), which specgraft's "
+                             "DFlash head does not run")
+    vocab = int(config["draft_vocab_size"])
+    layers_kind = "qwen3" if target.identity.model_type != "qwen3" and layer_cfg.get("model_type") == "qwen3" \
+        else "target"
+    return DFlashConfig(block_size=int(config["block_size"]), num_layers=int(layer_cfg["num_hidden_layers"]),
+                        aux_layer_ids=[int(i) for i in config["aux_hidden_state_layer_ids"]],
+                        mask_token_id=int(config["mask_token_id"]),
+                        draft_vocab_size=0 if vocab == target.vocab_size else vocab, draft_layers=layers_kind)
+
+
+def load_speculators_export(target: Target, path: str | Path) -> DFlashHead:
+    """Rebuild a :class:`DFlashHead` on ``target`` from a speculators DFlash folder (``config.json`` +
+    ``model.safetensors``), checking the exact tensor names and shapes."""
+    path = Path(path)
+    config_file, weights_file = path / CONFIG_NAME, path / WEIGHTS_NAME
+    if not config_file.is_file() or not weights_file.is_file():
+        raise SpecgraftError(f"{path} lacks {CONFIG_NAME} or {WEIGHTS_NAME}; pass a folder written by the DFlash "
+                             "speculators export")
+    config = read_json_meta(config_file, ("transformer_layer_config", "draft_vocab_size"),
+                            "the export is corrupt or not a speculators checkpoint, re-export it")
+    if not is_dflash_config(config):
+        kind = config.get("speculators_model_type") or (config.get("architectures") or ["unknown"])[0]
+        raise SpecgraftError(f"{path} holds a {kind} draft, not DFlash; load it with that family's loader")
+    missing_keys = sorted({"block_size", "aux_hidden_state_layer_ids", "mask_token_id"} - set(config))
+    if missing_keys:
+        raise SpecgraftError(f"{config_file} lacks {missing_keys}, which vLLM requires of a DFlash config; re-export")
+    head = DFlashHead(_config_from_export(config, target, path), target)
+    try:
+        state = load_file(str(weights_file))
+    except Exception as exc:  # safetensors raises its own error types for truncated/corrupt files
+        raise SpecgraftError(f"{weights_file} is not a readable safetensors file ({type(exc).__name__}); "
+                             "re-export the head") from None
+    expected = expected_speculators_names(config)
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise SpecgraftError(f"{weights_file} does not hold speculators' DFlash tensors for its config (missing "
+                             f"{missing[:3]}, unexpected {unexpected[:3]}); re-export the head")
+    own = head.state_dict()
+    bad = [k for k in own if k not in state or tuple(state[k].shape) != tuple(own[k].shape)]
+    if bad or set(own) != set(state):
+        k = bad[0] if bad else sorted(set(own) ^ set(state))[0]
+        raise SpecgraftError(f"{weights_file}: tensor {k} does not fit this target's DFlash head (shape "
+                             f"{tuple(state[k].shape) if k in state else 'absent'}); the export belongs to another "
+                             "target or config")
+    head.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=True)
+    return head.to(device=target.device)

@@ -1,0 +1,387 @@
+"""The DFlash head: target context features, a mask-token block and a few non-causal draft layers.
+
+Architecture (speculators' ``DFlashDraftModel``, vllm-project/speculators @c05b95b,
+``src/speculators/models/dflash/{core,model_definitions}.py``; vLLM ``DFlashQwen3ForCausalLM``):
+
+* context features ``c_t = hidden_norm(fc(concat(H_i[t] for i in aux_layer_ids)))`` for every position the target
+  processed;
+* a block ``[x_a, MASK, ..., MASK]`` at positions ``a .. a + bs - 1`` embedded with the target's (frozen) table;
+* each draft layer is a decoder layer of the target's own family whose attention reads
+  ``concat(c, input_layernorm(block))``: keys/values come from the context features (NOT re-normed, the same ``c``
+  for every layer) and from the block; queries only from the block (bidirectional inside it); the residual stream
+  and MLP run on the block only;
+* ``norm`` then the target's lm_head (borrowed) or, with a reduced draft vocabulary, the head's own ``lm_head``
+  and ``d2t``/``t2d`` as EAGLE-3.
+
+Weight names: ``fc.weight``, ``hidden_norm.weight``, ``layers.{i}.*`` (the family layer's own names, e.g.
+``self_attn.{q,k,v,o}_proj``, ``self_attn.{q,k}_norm`` for Qwen3, ``mlp.*``, ``input_layernorm``,
+``post_attention_layernorm``), ``norm.weight``, and ``lm_head.weight``/``d2t``/``t2d`` only when reduced.
+
+The family's attention module is reused unchanged: it projects all ``C + Q`` rows (with its own q/k norms and
+RoPE) and calls the attention function registered here, which computes only the last ``Q`` (block) query rows
+against every key and returns zeros for the context rows (their o_proj output is dropped). Computing q/o for the
+context rows is the price of not copying the family's attention code (the k/v projections are needed anyway).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specgraft.errors import SpecgraftError
+from specgraft.heads.base import DraftHead, HeadLoss, register_head
+from specgraft.heads.dflash.config import DFlashConfig, resolve_dflash_config
+from specgraft.heads.dflash.losses import (
+    additive_mask,
+    block_attention_mask,
+    block_label_mask,
+    block_positions,
+    dflash_position_weights,
+    select_anchors,
+)
+from specgraft.heads.draft_vocab import build_draft_vocab, draft_to_target_ids, vocab_coverage
+from specgraft.heads.eagle_layers import RotaryPositions, build_decoder_layer, draft_layer_config
+from specgraft.heads.losses import linear_cross_entropy
+from specgraft.target import Target, TargetOutput
+
+logger = logging.getLogger(__name__)
+
+#: Name of the attention function registered with transformers' AttentionInterface for DFlash drafts.
+DFLASH_ATTENTION = "specgraft_dflash"
+
+_PRE_NORM = frozenset({"input_layernorm", "post_attention_layernorm"})
+_SANDWICH_NORM = _PRE_NORM | {"pre_feedforward_layernorm", "post_feedforward_layernorm"}
+
+
+# -- attention -----------------------------------------------------------------------------------------------
+def register_dflash_attention() -> None:
+    """Register :func:`dflash_attention_forward` with transformers (idempotent; called when a head is built)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(DFLASH_ATTENTION, dflash_attention_forward)
+
+
+def dflash_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    dflash_queries: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention of the last ``dflash_queries`` query rows over every key (an ``AttentionInterface`` function).
+
+    Shapes: query [B, H, R, d] (R = context rows + Q block rows), key/value [B, Hkv, K, d] (after the cache),
+    attention_mask additive [B or 1, 1, Q, K] or None (every key visible: no causal masking at all). Returns
+    [B, R, H, d] with zeros in the first ``R - Q`` rows.
+    """
+    rows = query.shape[2]
+    q_len = rows if dflash_queries is None else int(dflash_queries)
+    q = query[:, :, rows - q_len:]
+    groups = q.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    p_drop = dropout if module.training else 0.0
+    if softcap:
+        scores = torch.matmul(q, key.transpose(-1, -2)) * scale
+        scores = torch.tanh(scores / softcap) * softcap
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(F.dropout(weights, p=p_drop) if p_drop else weights, value)
+    else:
+        out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, dropout_p=p_drop, scale=scale)
+    out = out.transpose(1, 2)  # [B, Q, H, d]
+    if q_len < rows:
+        out = torch.cat([out.new_zeros(out.shape[0], rows - q_len, *out.shape[2:]), out], dim=1)
+    return out.contiguous(), None
+
+
+def _layer_norms(layer: nn.Module) -> bool:
+    """True for Gemma's sandwich norms, False for pre-norm layers; raises for other layouts."""
+    norms = {name for name, child in layer.named_children() if "norm" in name.lower() and name != "self_attn"}
+    if norms == _SANDWICH_NORM:
+        return True
+    if norms == _PRE_NORM:
+        return False
+    raise SpecgraftError(f"{type(layer).__name__} has norms {sorted(norms)}; DFlash draft layers support pre-norm "
+                         "layers (input_layernorm, post_attention_layernorm) and Gemma's sandwich norms")
+
+
+def qwen3_layer_config(target: Target, num_layers: int) -> Any:
+    """A transformers ``Qwen3Config`` for ``num_layers`` draft layers with the target's sizes, activation, norm
+    epsilon and RoPE (speculators builds DFlash drafts of any target this way)."""
+    from transformers import Qwen3Config
+
+    src = target.text_config
+    heads = int(src.num_attention_heads)
+    rotary = float(getattr(src, "partial_rotary_factor", 1.0) or 1.0)
+    if rotary != 1.0:
+        raise SpecgraftError(f"{target.identity.model_type} rotates only {rotary:.0%} of each head, which Qwen3 "
+                             "layers cannot; use head.draft_layers: target for this target")
+    eps = next((getattr(src, name) for name in ("rms_norm_eps", "layer_norm_eps") if getattr(src, name, None)),
+               1e-6)
+    cfg = Qwen3Config(
+        vocab_size=int(src.vocab_size), hidden_size=int(src.hidden_size),
+        intermediate_size=int(src.intermediate_size), num_hidden_layers=num_layers,
+        num_attention_heads=heads, num_key_value_heads=int(getattr(src, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(src, "head_dim", None) or src.hidden_size // heads),
+        hidden_act=str(getattr(src, "hidden_act", None) or getattr(src, "hidden_activation", "silu")),
+        max_position_embeddings=int(getattr(src, "max_position_embeddings", 4096) or 4096), rms_norm_eps=float(eps),
+        rope_parameters=copy.deepcopy(getattr(src, "rope_parameters", None)), attention_bias=False,
+        tie_word_embeddings=False, layer_types=["full_attention"] * num_layers, use_sliding_window=False)
+    cfg._attn_implementation = DFLASH_ATTENTION
+    return cfg
+
+
+# -- the head ------------------------------------------------------------------------------------------------
+@register_head
+class DFlashHead(DraftHead):
+    """DFlash draft head (see the module docstring)."""
+
+    head_type = "dflash"
+    Config = DFlashConfig
+    needs_target_logits = True
+
+    def __init__(self, config: DFlashConfig, target: Target) -> None:
+        config.check_against_target(target)
+        super().__init__(config, target)
+        register_dflash_attention()
+        h = target.hidden_size
+        if config.draft_layers == "qwen3":
+            from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+
+            self.draft_config = qwen3_layer_config(target, config.num_layers)
+            self.layers = nn.ModuleList(Qwen3DecoderLayer(self.draft_config, i) for i in range(config.num_layers))
+        else:
+            self.draft_config = draft_layer_config(target, config.num_layers, attn_implementation=DFLASH_ATTENTION)
+            self.layers = nn.ModuleList(build_decoder_layer(target, self.draft_config, i)
+                                        for i in range(config.num_layers))
+        self._sandwich = _layer_norms(self.layers[0])
+        self.fc = nn.Linear(len(config.aux_layer_ids) * h, h, bias=False)
+        # Fresh copies of the family's norm class (still untrained) for the context and final norms.
+        self.hidden_norm = copy.deepcopy(self.layers[0].input_layernorm)
+        self.norm = copy.deepcopy(self.layers[0].input_layernorm)
+        if config.reduced_vocab:
+            vd, v = config.draft_vocab_size, target.vocab_size
+            self.lm_head = nn.Linear(h, vd, bias=False)
+            # Until prepare_from_data: the first Vd target ids (d2t zeros).
+            self.register_buffer("d2t", torch.zeros(vd, dtype=torch.int64))
+            t2d = torch.zeros(v, dtype=torch.bool)
+            t2d[:vd] = True
+            self.register_buffer("t2d", t2d)
+        else:
+            self.lm_head = None
+            self.d2t = None
+            self.t2d = None
+        # Borrowed from the target, never registered: a plain object holding the (buffer-only) rotary module.
+        self._rope = RotaryPositions(target)
+        self.to(device=target.device)
+
+    # -- construction ----------------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, target: Target, config: DFlashConfig) -> DFlashHead:
+        """A fresh head whose final norm (and own lm_head rows) start from the target's; the rest is random."""
+        head = cls(config, target)
+        head._init_from_target()
+        return head
+
+    @classmethod
+    def config_from_recipe(cls, head_cfg: Any, target: Target) -> DFlashConfig:
+        """The DFlash fields of a recipe's head section (None or absent = default); ``feature_layers`` is accepted
+        as the recipe-wide name of ``aux_layer_ids``."""
+        names = ("block_size", "num_layers", "aux_layer_ids", "mask_token_id", "draft_vocab_size", "decay_gamma",
+                 "max_anchors", "sample_from_anchor", "draft_layers")
+        fields = {name: getattr(head_cfg, name, None) for name in names}
+        if fields["aux_layer_ids"] is None:
+            fields["aux_layer_ids"] = getattr(head_cfg, "feature_layers", None)
+        return resolve_dflash_config(target, **fields)
+
+    @torch.no_grad()
+    def _init_from_target(self) -> None:
+        final_norm = self.target.final_norm
+        if type(final_norm) is type(self.norm) and final_norm.state_dict().keys() == self.norm.state_dict().keys():
+            self.norm.load_state_dict({k: v.detach().clone() for k, v in final_norm.state_dict().items()})
+        if self.lm_head is not None:
+            weight = self.target.output_head.weight
+            rows = weight.index_select(0, self.draft_token_ids().to(weight.device))
+            self.lm_head.weight.copy_(rows.to(self.lm_head.weight))
+
+    def prepare_from_data(self, token_counts: torch.Tensor | None,
+                          heldout_counts: torch.Tensor | None = None) -> dict[str, Any]:
+        """With a reduced draft vocabulary: choose it from the loss-token counts [V] (sets d2t/t2d, re-initialises
+        the lm_head rows) and report its coverage (held-out when given). Nothing to do for the full vocabulary."""
+        if not self.config.reduced_vocab:
+            return {}
+        vd, v = self.config.draft_vocab_size, self.target.vocab_size
+        if token_counts is None:
+            logger.warning("no token counts given: the DFlash draft vocabulary stays the first %d target ids", vd)
+            return {}
+        for name, given in (("token counts", token_counts), ("held-out token counts", heldout_counts)):
+            counts = None if given is None else torch.as_tensor(given)
+            if counts is not None and (counts.dim() != 1 or counts.numel() != v):
+                raise SpecgraftError(f"{name} have shape {tuple(counts.shape)} but the target vocabulary has {v} "
+                                     "entries; count tokens with the target's tokenizer")
+        d2t, t2d, train_coverage = build_draft_vocab(torch.as_tensor(token_counts), vd)
+        self.d2t.copy_(d2t.to(self.d2t.device))
+        self.t2d.copy_(t2d.to(self.t2d.device))
+        self._init_from_target()
+        facts: dict[str, Any] = {"draft_vocab_size": vd, "draft_vocab_train_coverage": train_coverage}
+        if heldout_counts is not None and int(torch.as_tensor(heldout_counts).sum()) > 0:
+            facts["draft_vocab_coverage"] = vocab_coverage(t2d, heldout_counts)
+        return facts
+
+    def required_layers(self) -> tuple[int, ...]:
+        return tuple(dict.fromkeys(int(i) for i in self.config.aux_layer_ids))
+
+    # -- forward ---------------------------------------------------------------------------------------------
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def draft_token_ids(self) -> torch.Tensor | None:
+        """[Vd] target id of every draft logit column, or None when the draft predicts the full target vocab."""
+        return None if self.d2t is None else draft_to_target_ids(self.d2t)
+
+    def _output_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight [V_out, h], bias or None) of the draft's vocabulary projection."""
+        if self.lm_head is not None:
+            return self.lm_head.weight, None
+        head = self.target.output_head
+        return head.weight, getattr(head, "bias", None)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[B, Q] -> [B, Q, h] the target's (frozen) input embeddings, in the head's dtype."""
+        return self.target.embed(input_ids).to(self.param_dtype)
+
+    def context_features(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
+        """``hidden_norm(fc(concat(aux layers)))``: [.., T, k*h] -> [.., T, h]."""
+        fused = torch.cat([hidden_states[int(i)] for i in self.config.aux_layer_ids], dim=-1)
+        return self.hidden_norm(self.fc(fused.to(self.param_dtype)))
+
+    def block_forward(self, block_embeds: torch.Tensor, context: torch.Tensor, position_ids: torch.Tensor,
+                      attention_mask: torch.Tensor | None, cache: Any = None) -> torch.Tensor:
+        """The draft layers over Q block slots.
+
+        Args:
+            block_embeds: [B, Q] slot embeddings (:meth:`embed` of the anchor and mask tokens).
+            context: [B, C] new context features (:meth:`context_features`); C may be 0.
+            position_ids: [B or 1, C + Q] positions of the context rows then the block slots.
+            attention_mask: additive [B or 1, 1, Q, past + C + Q] over ``[cache | context | block]`` keys, or None
+                (every key visible: decoding, where the cache holds only positions before the anchor).
+            cache: a transformers ``DynamicCache`` (context keys of earlier calls; extended in place by C + Q rows,
+                so the caller crops the block rows off afterwards), or None.
+
+        Returns:
+            [B, Q, h] the last layer's block states (before :attr:`norm`).
+        """
+        q_len = block_embeds.shape[1]
+        position_embeddings = self._rope(block_embeds, position_ids)
+        extra = {"cache": cache} if cache is not None else {}
+        x = block_embeds
+        for layer in self.layers:
+            residual = x
+            inputs = torch.cat([context, layer.input_layernorm(x)], dim=1)  # [B, C + Q, h]
+            attn, _ = layer.self_attn(hidden_states=inputs, position_embeddings=position_embeddings,
+                                      attention_mask=attention_mask, dflash_queries=q_len, **extra)
+            attn = attn[:, -q_len:]
+            if self._sandwich:
+                attn = layer.post_attention_layernorm(attn)
+            x = residual + attn
+            residual = x
+            if self._sandwich:
+                x = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+            else:
+                x = layer.mlp(layer.post_attention_layernorm(x))
+            x = residual + x
+        return x
+
+    def block_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[.., h] block states -> [.., V_out] draft logits (over :meth:`draft_token_ids`, or the target vocab)."""
+        weight, bias = self._output_projection()
+        return F.linear(self.norm(hidden), weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype))
+
+    def training_blocks(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
+                        generator: torch.Generator | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample anchors and run every block of the batch in one forward.
+
+        Returns ``(hidden [B, A, bs, h], anchors [B, A], anchor_valid [B, A], labels [B, T])`` where ``labels``
+        marks real loss tokens.
+        """
+        input_ids = batch["input_ids"]  # [B, T]
+        batch_size, seq_len = input_ids.shape
+        bs = self.config.block_size
+        real = batch.get("attention_mask")
+        labels = torch.ones_like(input_ids, dtype=torch.bool)
+        if real is not None:
+            labels = labels & real.bool()
+        if batch.get("loss_mask") is not None:
+            labels = labels & batch["loss_mask"].bool()
+        anchors, anchor_valid = select_anchors(labels, bs, self.config.max_anchors, generator)  # [B, A]
+        num_blocks = anchors.shape[1]
+        context = self.context_features(target_out.hidden_states)  # [B, T, h]
+        slot_ids = torch.full((batch_size, num_blocks, bs), self.config.mask_token_id, dtype=torch.long,
+                              device=input_ids.device)
+        slot_ids[:, :, 0] = torch.gather(input_ids, 1, anchors)
+        embeds = self.embed(slot_ids.view(batch_size, num_blocks * bs))  # [B, A*bs, h]
+        positions = torch.cat([torch.arange(seq_len, device=input_ids.device).expand(batch_size, seq_len),
+                               block_positions(anchors, bs)], dim=1)  # [B, T + A*bs]
+        visible = block_attention_mask(anchors, bs, seq_len, None if real is None else real.bool())
+        mask = additive_mask(visible, context.dtype)  # [B, 1, A*bs, T + A*bs]
+        hidden = self.block_forward(embeds, context, positions, mask)  # [B, A*bs, h]
+        return hidden.view(batch_size, num_blocks, bs, -1), anchors, anchor_valid, labels
+
+    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput) -> HeadLoss:
+        """:func:`~specgraft.heads.dflash.losses.dflash_loss` against the target's distributions, computed slot by
+        slot on the scored rows only with the chunked :func:`~specgraft.heads.losses.linear_cross_entropy` (no
+        [rows, vocab] tensor is materialised)."""
+        target_logits = target_out.logits
+        if target_logits is None:
+            last = target_out.hidden_states.get(self.target.num_layers)
+            if last is None:
+                raise SpecgraftError("DFlash training needs the target's logits (soft targets); run the target with "
+                                     "logits=True (DFlashHead.needs_target_logits) or cache its last layer")
+            target_logits = self.target.logits_from_hidden(last)
+        hidden, anchors, anchor_valid, labels = self.training_blocks(batch, target_out)
+        batch_size, seq_len = labels.shape
+        bs = self.config.block_size
+        slot_mask = block_label_mask(labels, anchors, anchor_valid, bs)  # [B, A, bs]
+        weights = dflash_position_weights(bs, self.config.decay_gamma).tolist()
+        weight, bias = self._output_projection()
+        columns = self.draft_token_ids()
+        with torch.no_grad():
+            flat_target = target_logits.detach().reshape(batch_size * seq_len, -1)  # [B*T, V]
+            # Slot k of anchor a is trained towards the target's prediction at a + k - 1 (row b*T + a + k - 1).
+            base_rows = torch.arange(batch_size, device=labels.device)[:, None] * seq_len + anchors - 1  # [B, A]
+        total = (self.fc.weight * 0).sum()  # keeps the graph when no slot is scored
+        count = 0
+        metrics: dict[str, torch.Tensor] = {}
+        for k in range(1, bs):
+            scored = slot_mask[:, :, k]  # [B, A]
+            rows = self.norm(hidden[:, :, k][scored])  # [N, h]
+            n = rows.shape[0]
+            if n == 0:
+                continue
+            ce_sum, rank = linear_cross_entropy(
+                rows, weight, bias, target_logits=flat_target, target_rows=(base_rows + k)[scored],
+                target_columns=None if columns is None else columns.to(flat_target.device),
+                with_rank=self.metrics_enabled)
+            total = total + weights[k] * ce_sum
+            count += n
+            metrics[f"loss/pos{k}"] = (ce_sum / n).detach()
+            if rank is not None:
+                metrics[f"top1/pos{k}"] = (rank == 0).sum().float() / n
+        loss = total / max(count, 1)
+        metrics["anchors"] = anchor_valid.sum().float()
+        return HeadLoss(loss=loss, metrics=metrics)
