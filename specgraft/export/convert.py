@@ -75,6 +75,9 @@ class EngineCheckpoint:
     config: dict[str, Any]
     dims: Dims
     notes: list[str] = field(default_factory=list)
+    expected: dict[str, tuple[tuple[int, ...], str]] | None = None
+    """The engine's exact tensors (name -> shape, dtype kind) when the family's exporter has no layout table
+    (its converter derives them from the engine config, e.g. DFlash); None: the exporter's layout table."""
 
 
 class SourceState:
@@ -269,7 +272,8 @@ def to_engine(head_type: str, fmt: str, state: Mapping[str, torch.Tensor], meta:
     ckpt.tensors = _cast(ckpt.tensors, dtype)
     dtype_name = str(dtype or _state_dtype(state)).replace("torch.", "")
     _set_dtype(ckpt.config, dtype_name)
-    check_tensors(ckpt.tensors, expected_tensors(head_type, fmt, ckpt.dims), f"the {fmt} export")
+    expected = ckpt.expected if ckpt.expected is not None else expected_tensors(head_type, fmt, ckpt.dims)
+    check_tensors(ckpt.tensors, expected, f"the {fmt} export")
     return ckpt
 
 

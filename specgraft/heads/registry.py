@@ -43,8 +43,9 @@ class EngineExporter:
 
     weights_file: str
     """File name of the weights in the exported folder (``model.safetensors``, ``medusa_lm_head.safetensors``)."""
-    layout: tuple[Any, ...]
-    """The engine's exact tensors: :class:`specgraft.export.layouts.TensorRule` entries."""
+    layout: tuple[Any, ...] | None
+    """The engine's exact tensors: :class:`specgraft.export.layouts.TensorRule` entries (None: ``to_engine``
+    states them in ``EngineCheckpoint.expected``, derived from the engine config)."""
     to_engine: Callable[..., Any]
     """``(fmt, state, head_cfg, info, base_model, speculative_tokens) -> EngineCheckpoint``."""
     from_engine: Callable[..., dict[str, Any]]

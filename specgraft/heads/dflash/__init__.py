@@ -1,8 +1,22 @@
 """DFlash (block-parallel drafting, arXiv 2602.06036): one non-causal draft forward proposes a whole block.
 
-* :mod:`.config`: :class:`~.config.DFlashConfig` and :func:`~.config.resolve_dflash_config` (defaults against a target).
+* :mod:`.config`: :class:`~.config.DFlashConfig` (the recipe's ``head:`` section, ``type: dflash``).
 * :mod:`.losses`: anchor sampling, the block attention mask, the position weights and the loss (pure functions).
 * :mod:`.model`: :class:`~.model.DFlashHead` (head type ``dflash``) and its block forward.
 * :mod:`.drafter`: :class:`~.drafter.DFlashDrafter` for the speculative decoder (one draft forward per step).
 * :mod:`.export`: the speculators / vLLM DFlash layout (config keys, tensor names, round trip).
+
+This file registers the family.
 """
+
+from specgraft.heads.dflash import drafter, export
+from specgraft.heads.dflash.config import DFlashConfig
+from specgraft.heads.dflash.model import DFlashHead
+from specgraft.heads.registry import register_head
+
+register_head(
+    "dflash", config=DFlashConfig, head=DFlashHead, drafter=drafter.drafter_from_setting,
+    setting_from_flags=drafter.setting_from_flags, describe_drafter=drafter.describe_drafter,
+    exporters=export.EXPORTERS, card=export.CARD, tuning=None,
+    description="DFlash block drafter (one forward drafts block_size - 1 tokens)",
+)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from specgraft.errors import SpecgraftError
 from specgraft.heads.draft_vocab import check_draft_vocab_size
@@ -26,18 +26,20 @@ DRAFT_LAYER_KINDS = ("target", "qwen3")
 
 @dataclass
 class DFlashConfig:
-    """Hyper-parameters of a DFlash head (saved in ``head_config.json``)."""
+    """Hyper-parameters of a DFlash head: the recipe's ``head:`` section (``type: dflash``) and ``head_config.json``."""
+
+    type: ClassVar[str] = "dflash"
 
     block_size: int = 8
     """Slots per block: the anchor plus ``block_size - 1`` tokens drafted in one forward (>= 2)."""
     num_layers: int = 1
     """Draft decoder layers (built from the target family's own transformers decoder layer class)."""
     aux_layer_ids: list[int] = field(default_factory=list)
-    """output_hidden_states indices of the target concatenated and projected by ``fc`` (resolved; default like
-    EAGLE-3's (2, N//2, N-3)). speculators calls them ``aux_hidden_state_layer_ids`` (same numbering)."""
+    """output_hidden_states indices of the target concatenated and projected by ``fc``; empty (unset): EAGLE-3's
+    default (2, N//2, N-3) of the target. speculators calls them ``aux_hidden_state_layer_ids`` (same numbering)."""
     mask_token_id: int = -1
-    """Token id embedded in the predicted slots (resolved from the tokenizer: its mask token, else the first
-    embedding row the tokenizer never produces, else its unk token)."""
+    """Token id embedded in the predicted slots; -1 (unset): the tokenizer's mask token, else the first embedding
+    row the tokenizer never produces, else its unk token."""
     draft_vocab_size: int = 0
     """0: the draft predicts over the full target vocabulary with the target's own lm_head (borrowed, frozen).
     Else the size Vd of a reduced draft vocabulary with its own lm_head and ``d2t``/``t2d`` (as EAGLE-3)."""
@@ -76,6 +78,30 @@ class DFlashConfig:
         if self.sample_from_anchor:
             raise SpecgraftError("dflash sample_from_anchor=True (DSpark's mode: slot 0 also predicts) is not "
                                  "supported, and vLLM serves DFlash with slot 0 as the anchor; set it to false")
+
+    def check_recipe(self, path: str) -> None:
+        """The fields a recipe sets, before the target-dependent defaults (aux_layer_ids, mask_token_id) exist."""
+        from specgraft.config import MAX_LAYER_INDEX, check_choice, check_range
+
+        for name, low in (("block_size", MIN_BLOCK_SIZE), ("num_layers", 1), ("max_anchors", 1),
+                          ("draft_vocab_size", 0)):
+            check_range(f"{path}.{name}", getattr(self, name), low, None)
+        check_range(f"{path}.decay_gamma", self.decay_gamma, 0.0, None, low_open=True)
+        check_choice(f"{path}.draft_layers", self.draft_layers, DRAFT_LAYER_KINDS)
+        for i, layer in enumerate(self.aux_layer_ids):
+            check_range(f"{path}.aux_layer_ids[{i}]", layer, 0, MAX_LAYER_INDEX)
+        if self.sample_from_anchor:
+            raise SpecgraftError(f"{path}.sample_from_anchor=true (DSpark's mode: slot 0 also predicts) is not "
+                                 "supported, and vLLM serves DFlash with slot 0 as the anchor; set it to false")
+
+    def resolve(self, target: Target) -> DFlashConfig:
+        """A complete copy for ``target``: default aux layers and mask token filled in, checked against it."""
+        fields_given = dataclasses.asdict(self)
+        if not fields_given["aux_layer_ids"]:
+            fields_given.pop("aux_layer_ids")
+        if fields_given["mask_token_id"] < 0:
+            fields_given.pop("mask_token_id")
+        return resolve_dflash_config(target, **fields_given)
 
     def check_against_target(self, target: Target) -> None:
         """Raise SpecgraftError when the config cannot work with ``target``."""

@@ -21,7 +21,7 @@ the best token of the previous slot (the chain of argmaxes is the spine); siblin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -45,9 +45,11 @@ class DFlashDrafter(Drafter):
         head: the head (its ``target`` must be the model being decoded, or one with the same identity).
         mode: ``chain`` (block_size - 1 tokens, one per slot) or ``tree`` (per-slot top-k below the argmax spine).
         top_k: siblings per depth in tree mode.
+        depth: draft at most this many slots (default all ``block_size - 1``): the block costs one forward either
+            way, but verifying fewer tokens is cheaper where verification is compute-bound (a CPU).
     """
 
-    def __init__(self, head: DFlashHead, mode: str = "chain", top_k: int = 2) -> None:
+    def __init__(self, head: DFlashHead, mode: str = "chain", top_k: int = 2, depth: int | None = None) -> None:
         if not isinstance(head, DFlashHead):
             raise SpecgraftError(f"DFlashDrafter needs a dflash head, got {type(head).__name__}; use the drafter of "
                                  "that head's family")
@@ -55,9 +57,14 @@ class DFlashDrafter(Drafter):
             raise SpecgraftError(f"DFlash drafting mode must be one of {MODES}, got {mode!r}")
         if isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1:
             raise SpecgraftError(f"DFlash drafter top_k must be an integer >= 1, got {top_k!r}")
+        slots = head.config.block_size - 1
+        if depth is not None and (isinstance(depth, bool) or int(depth) != depth or not 1 <= depth <= slots):
+            raise SpecgraftError(f"DFlash drafter depth must be an integer in 1..{slots} (block_size - 1), got "
+                                 f"{depth!r}")
         self.head = head
         self.mode = mode
         self.top_k = int(top_k)
+        self.depth = slots if depth is None else int(depth)
         self.needs_hidden_states = tuple(head.required_layers())
         self._vocab_size = head.target_identity.vocab_size
         self.acceptance = AcceptanceRecorder()
@@ -139,7 +146,7 @@ class DFlashDrafter(Drafter):
     def _propose(self, ctx: DraftContext) -> DraftTree:
         device = ctx.token_ids.device
         self._last_parents = []
-        depth = min(self.head.config.block_size - 1, int(ctx.max_depth))
+        depth = min(self.depth, int(ctx.max_depth))
         if depth <= 0:
             return DraftTree.empty(device)
         logits = self.block_logits(ctx)[:depth]  # [depth, V_out]
@@ -173,3 +180,33 @@ class DFlashDrafter(Drafter):
             parents.extend([spine] * len(row))
             spine = first
         return DraftTree.from_lists(tokens, parents, sampled=False, device=device)
+
+
+# -- registry hooks: settings (eval flags, tuned.json) -> drafter ------------------------------------------------
+def setting_from_flags(*, mode: str | None = None, k: int | None = None, tree_size: int | None = None,
+                       top_k: int | None = None) -> dict[str, Any]:
+    """``specgraft eval``'s --mode (chain default), --k (slots drafted, at most block_size - 1) and --eagle-top-k
+    (siblings per depth in tree mode) as a DFlash setting."""
+    if tree_size is not None:
+        raise SpecgraftError("--tree-size does not apply to dflash heads (a tree has --k depths of --eagle-top-k "
+                             "siblings); use --k and --eagle-top-k")
+    setting: dict[str, Any] = {"mode": mode or "chain"}
+    if k is not None:
+        setting["depth"] = int(k)
+    if top_k is not None:
+        setting["top_k"] = int(top_k)
+    return setting
+
+
+def drafter_from_setting(head: DFlashHead, setting: Mapping[str, Any]) -> DFlashDrafter:
+    kwargs: dict[str, Any] = {"mode": setting.get("mode", "chain")}
+    for key in ("depth", "top_k"):
+        if setting.get(key) is not None:
+            kwargs[key] = int(setting[key])
+    return DFlashDrafter(head, **kwargs)
+
+
+def describe_drafter(drafter: DFlashDrafter) -> dict[str, Any]:
+    width = drafter.top_k if drafter.mode == "tree" else 1
+    return {"k": drafter.depth, "tree_size": 1 + drafter.depth * width, "top_k": width,
+            "block_size": drafter.head.config.block_size}

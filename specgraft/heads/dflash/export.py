@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from specgraft.errors import SpecgraftError
 from specgraft.heads.dflash.config import DFlashConfig
 from specgraft.heads.dflash.model import DFlashHead
+from specgraft.heads.registry import CardText, EngineExporter
 from specgraft.target import Target
 from specgraft.utils.io import atomic_path, read_json_meta
 
@@ -235,3 +236,81 @@ def load_speculators_export(target: Target, path: str | Path) -> DFlashHead:
                              "target or config")
     head.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=True)
     return head.to(device=target.device)
+
+
+# -- the registry's engine exporter (``specgraft export --format vllm``) ------------------------------------------
+#: A DFlash export's config carries the draft layer's sizes; the loader checks them against the target.
+_SIZES = ("hidden_size", "vocab_size")
+
+
+def _scales_embeddings(info: Any) -> bool:
+    """Whether the target multiplies its input embeddings (Gemma): measured on the real target when the exporter
+    has it, else read from its config (the skeleton lives on the meta device)."""
+    real = getattr(info, "real", None)
+    if real is not None:
+        probe = torch.arange(min(4, real.vocab_size), device=real.device)[None]
+        with torch.no_grad():
+            return not torch.equal(real.embed(probe), real.input_embeddings.weight[probe])
+    return str(getattr(info.config, "model_type", "")).startswith("gemma")
+
+
+def to_engine(fmt: str, state: Mapping[str, torch.Tensor], cfg: Mapping[str, Any], info: Any, base_model: str,
+              speculative_tokens: int) -> Any:
+    """The speculators / vLLM layout of a head state dict: the same tensors (a rename-free copy) and
+    :func:`speculators_config`, checked against :func:`expected_speculators_names` with the head's shapes."""
+    from specgraft.export.convert import EngineCheckpoint
+    from specgraft.export.layouts import Dims
+
+    skeleton = DFlashHead(DFlashConfig(**cfg), info.skeleton)  # meta device: sizes and names only
+    num_layers = info.skeleton.num_layers
+    bad = [int(i) for i in skeleton.config.aux_layer_ids if not 1 <= int(i) <= num_layers - 1]
+    if bad:
+        raise SpecgraftError(f"DFlash aux layers {bad} cannot be captured by vLLM: it reads the residual stream "
+                             f"between decoder layers, output_hidden_states indices 1..{num_layers - 1}; retrain "
+                             "with head.aux_layer_ids inside that range or export as native")
+    if _scales_embeddings(info):
+        raise SpecgraftError(f"{getattr(info.config, 'model_type', '?')} scales its input embeddings, which vLLM's "
+                             "DFlash draft (sharing the raw embedding table) does not; export the head as native")
+    config = speculators_config(skeleton, base_model)
+    names = expected_speculators_names(config)
+    shapes = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    if set(shapes) != names:
+        missing, unexpected = sorted(names - set(shapes)), sorted(set(shapes) - names)
+        raise SpecgraftError(f"this DFlash head's layers do not have speculators' Qwen3 DFlash layout (missing "
+                             f"{missing[:3]}, unexpected {unexpected[:3]}); train it with head.draft_layers: qwen3 "
+                             "to serve it with vLLM/speculators, or export as native")
+    kinds = {"d2t": "int64", "t2d": "bool"}
+    expected = {name: (shapes[name], kinds.get(name, "float")) for name in names}
+    tensors = {name: state[name] for name in names if name in state}
+    dims = Dims(hidden=int(info.config.hidden_size), vocab=int(info.config.vocab_size),
+                draft_layers=int(cfg["num_layers"]), num_features=len(cfg["aux_layer_ids"]))
+    notes = [f"fused target layers {list(cfg['aux_layer_ids'])} (output_hidden_states) are written as "
+             "aux_hidden_state_layer_ids (vLLM's numbering is the same)",
+             f"vLLM drafts block_size - 1 = {int(cfg['block_size']) - 1} tokens per step (speculative_tokens)",
+             "the target's embedding table (and, for a full-vocabulary draft, its lm_head) is not written: engines "
+             "share the target's"]
+    return EngineCheckpoint(tensors, config, dims, notes, expected=expected)
+
+
+def from_engine(fmt: str, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any], cfg: Mapping[str, Any],
+                want: Mapping[str, torch.Tensor], used: set[str],
+                target_lm_head: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The round trip: the export holds the head's own tensor names."""
+    if not is_dflash_config(config):
+        kind = config.get("speculators_model_type") or (config.get("architectures") or ["unknown"])[0]
+        raise SpecgraftError(f"this export holds a {kind} draft, not DFlash; load it with that family's loader")
+    state = {name: tensors[name] for name in want if name in tensors}
+    used.update(state)
+    return state
+
+
+def describe(cfg: Mapping[str, Any], size: str) -> str:
+    vocab = cfg.get("draft_vocab_size") or "the full"
+    tokens = int(cfg.get("block_size", 8)) - 1
+    return (f"A DFlash draft{size}: one non-causal forward of {cfg.get('num_layers')} draft layer(s) drafts a block "
+            f"of {tokens} tokens at once from fused target layers {cfg.get('aux_layer_ids')} (transformers "
+            f"output_hidden_states indices), over {vocab} vocabulary; the target's embeddings are shared.")
+
+
+EXPORTERS = {"vllm": EngineExporter(WEIGHTS_NAME, None, to_engine, from_engine, _SIZES)}
+CARD = CardText(title="DFlash", describe=describe, vllm_method="dflash", config_is_self_contained=True)

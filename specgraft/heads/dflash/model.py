@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgraft.errors import SpecgraftError
-from specgraft.heads.base import DraftHead, HeadLoss, register_head
+from specgraft.heads.base import DraftHead, HeadLoss
 from specgraft.heads.dflash.config import DFlashConfig, resolve_dflash_config
 from specgraft.heads.dflash.losses import (
     additive_mask,
@@ -45,7 +45,7 @@ from specgraft.heads.dflash.losses import (
     select_anchors,
 )
 from specgraft.heads.draft_vocab import build_draft_vocab, draft_to_target_ids, vocab_coverage
-from specgraft.heads.eagle_layers import RotaryPositions, build_decoder_layer, draft_layer_config
+from specgraft.heads.layers import RotaryPositions, build_decoder_layer, draft_layer_config
 from specgraft.heads.losses import linear_cross_entropy
 from specgraft.target import Target, TargetOutput
 
@@ -145,7 +145,6 @@ def qwen3_layer_config(target: Target, num_layers: int) -> Any:
 
 
 # -- the head ------------------------------------------------------------------------------------------------
-@register_head
 class DFlashHead(DraftHead):
     """DFlash draft head (see the module docstring)."""
 
@@ -342,10 +341,14 @@ class DFlashHead(DraftHead):
         hidden = self.block_forward(embeds, context, positions, mask)  # [B, A*bs, h]
         return hidden.view(batch_size, num_blocks, bs, -1), anchors, anchor_valid, labels
 
-    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput) -> HeadLoss:
+    def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
+                      num_items: dict[str, torch.Tensor] | None = None) -> HeadLoss:
         """:func:`~specgraft.heads.dflash.losses.dflash_loss` against the target's distributions, computed slot by
         slot on the scored rows only with the chunked :func:`~specgraft.heads.losses.linear_cross_entropy` (no
-        [rows, vocab] tensor is materialised)."""
+        [rows, vocab] tensor is materialised).
+
+        The scored slots depend on the anchors drawn inside this call, so the family has no
+        :meth:`loss_item_counts` yet: the trainer averages per-micro-batch means for it (``num_items`` is None)."""
         target_logits = target_out.logits
         if target_logits is None:
             last = target_out.hidden_states.get(self.target.num_layers)

@@ -144,6 +144,10 @@ def to_engine(fmt: str, state: Mapping[str, torch.Tensor], cfg: Mapping[str, Any
 def from_engine(fmt: str, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any], cfg: Mapping[str, Any],
                 want: Mapping[str, torch.Tensor], used: set[str],
                 target_lm_head: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    if str(config.get("speculators_model_type")) == "dflash" or \
+            (config.get("speculators_config") or {}).get("algorithm") == "dflash":
+        raise SpecgraftError("this export is a DFlash draft (speculators_model_type 'dflash'), not EAGLE-3; load it "
+                             "as the dflash head it is")
     names = set(want)
     state: dict[str, torch.Tensor] = {}
     for name in ("fc.weight", "fc.bias", "norm.weight", "lm_head.weight"):
