@@ -12,7 +12,7 @@ from specgraft.train.dry_run import guess_model_type
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 #: recipe folder -> the command that runs its recipes.
-COMMAND = {"medusa": "train", "eagle": "train", "eagle3": "train", "distill": "distill"}
+COMMAND = {"medusa": "train", "eagle": "train", "eagle3": "train", "dflash": "train", "distill": "distill"}
 JOB_RECIPES = sorted(p for family in COMMAND for p in (RECIPES / family).glob("*.yaml"))
 
 
