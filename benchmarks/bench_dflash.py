@@ -1,0 +1,183 @@
+"""DFlash vs EAGLE-3 at an equal training budget on the real stories260K target: held-out tau, acceptance by
+position, draft cost per step (in target-forward units), wall-clock speedup and the lossless check.
+
+One run, in a scratch folder (``--work``, default ``<out stem>_work`` beside ``--out``):
+
+1. Converts llama2.c stories260K and splits TinyStories exactly as ``benchmarks/bench_heads_stories260k.py`` does
+   (held-out prompts from the end of the file; the training text stops before them).
+2. Trains EAGLE-3 (``recipes/eagle3/stories260k.yaml``) and DFlash (``recipes/dflash/stories260k.yaml``) through the
+   real ``specgraft train`` command line, each in its own process, with the SAME data, optimizer steps and batch
+   (``--steps`` x ``--micro-batch`` x the recipes' 256 tokens): an equal budget of target tokens.
+3. Evaluates every setting in ``--settings`` on the held-out prompts with ``run_eval`` in this process, one after the
+   other (plain decoding runs beside each, so every speedup is a side-by-side ratio): EAGLE-3 at its default tree
+   and chain, DFlash chains of ``block_size - 1`` and shorter, and its per-slot top-k tree.
+4. Prints one table and writes every number (and each answer, in each eval folder's answers.jsonl) under
+   ``--out`` (JSON); exits 1 when a lossless check fails.
+
+    python benchmarks/bench_dflash.py --out runs/bench-dflash.json
+    python benchmarks/bench_dflash.py --out /tmp/dflash.json --steps 60 --per-domain 2   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+#: (run name, recipe). Both train with online features.
+RUNS = (("eagle3", "recipes/eagle3/stories260k.yaml"), ("dflash", "recipes/dflash/stories260k.yaml"))
+#: Evaluated settings: (run name, the family's setting dict as `specgraft eval` flags would give it).
+DEFAULT_SETTINGS = (
+    ("eagle3", {"mode": "tree"}),
+    ("eagle3", {"mode": "chain"}),
+    ("dflash", {"mode": "chain"}),
+    ("dflash", {"mode": "chain", "depth": 3}),
+    ("dflash", {"mode": "tree", "top_k": 2}),
+)
+
+
+def _sibling(name: str) -> ModuleType:
+    """A sibling benchmark (not a package) whose data split and training launcher this one reuses."""
+    path = Path(__file__).resolve().parent / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def evaluate(model_dir: Path, runs: dict[str, dict[str, Any]], settings: list[tuple[str, dict[str, Any]]],
+             split: dict[str, Any], work: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    import torch
+
+    from specgraft.eval.prompts import load_prompts
+    from specgraft.eval.report import EvalSettings, run_eval
+    from specgraft.heads import load_head
+    from specgraft.heads.registry import family_of
+    from specgraft.target import load_target
+
+    torch.set_num_threads(args.threads)
+    prompts = load_prompts(split["prompts_file"])
+    eval_settings = EvalSettings(max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup)
+    rows = []
+    for name, setting in settings:
+        target = load_target(model_dir)  # a fresh target per setting: the decoder owns its caches
+        head = load_head(target, runs[name]["head_dir"])
+        head.eval()
+        family = family_of(head)
+        drafter = family.drafter(head, setting)
+        label = f"{name} " + ",".join(f"{k}={v}" for k, v in setting.items())
+        info = {"type": head.head_type, "path": runs[name]["head_dir"], **setting,
+                **family.describe_drafter(drafter)}
+        report = run_eval(target, drafter, prompts, work / "eval" / label.replace(" ", "_").replace(",", "_"),
+                          settings=eval_settings, drafter_info=info, progress=False)
+        overall = report["overall"]
+        rows.append({"run": name, "setting": setting, "label": label, "drafter": report["drafter"],
+                     "overall": overall})
+        print(f"  eval {label:<32} tau {overall['tau']:.2f}  draft {overall['draft_cost_per_step']:.2f} + verify "
+              f"{overall['verify_cost_per_step']:.2f} fwd/step  speedup {overall['speedup_ratio_of_totals']:.2f}x  "
+              f"{overall['lossless_check']}", flush=True)
+    return rows
+
+
+def _f(value: Any, digits: int = 2, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:.{digits}f}{suffix}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| drafter | setting | tau | acceptance by depth | draft cost / step (target fwd) | verify cost / step | "
+             "tok/s spec | tok/s plain | speedup (ratio of totals) | lossless |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        o = r["overall"]
+        depth = " ".join(f"{x:.2f}" for x in o.get("acceptance_by_depth") or [])
+        lossless = f"{'passed' if o['lossless_passed'] else 'FAILED'} {o['lossless_identical']}/{o['lossless_checked']}"
+        setting = ", ".join(f"{k} {v}" for k, v in r["setting"].items())
+        lines.append(f"| {r['run']} | {setting} | {_f(o['tau'])} | {depth} | {_f(o['draft_cost_per_step'])} | "
+                     f"{_f(o['verify_cost_per_step'])} | {_f(o['tokens_per_s'], 0)} | "
+                     f"{_f(o['baseline_tokens_per_s'], 0)} | {_f(o['speedup_ratio_of_totals'], 2, 'x')} | "
+                     f"{lossless} |")
+    return "\n".join(lines)
+
+
+def comparison(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's ratios: DFlash's best setting against EAGLE-3's best, on draft cost and on speedup."""
+    def best(run: str) -> dict[str, Any]:
+        own = [r for r in rows if r["run"] == run]
+        return max(own, key=lambda r: r["overall"]["speedup_ratio_of_totals"])
+
+    e, d = best("eagle3"), best("dflash")
+    eo, do = e["overall"], d["overall"]
+    return {"eagle3_best": e["label"], "dflash_best": d["label"],
+            "draft_cost_ratio": do["draft_cost_per_step"] / eo["draft_cost_per_step"],
+            "speedup_ratio": do["speedup_ratio_of_totals"] / eo["speedup_ratio_of_totals"],
+            "tau_eagle3": eo["tau"], "tau_dflash": do["tau"]}
+
+
+def main() -> int:
+    bench = _sibling("bench_heads_stories260k")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON file with every number")
+    parser.add_argument("--work", type=Path, help="scratch folder (default: <out without .json>_work)")
+    parser.add_argument("--steps", type=int, default=600, help="optimizer steps of each training run (equal budget)")
+    parser.add_argument("--micro-batch", type=int, default=8, help="sequences (of the recipes' 256 tokens) per step")
+    parser.add_argument("--per-domain", type=int, default=6, help="held-out prompts per domain (3 domains)")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the 2 cores are shared)")
+    parser.add_argument("--skip-training", action="store_true", help="evaluate the heads already in --work")
+    args = parser.parse_args()
+
+    src, text = bench.SHARED / "models" / "stories260K", bench.SHARED / "tinystories" / "tinystories_train.txt"
+    if not src.is_dir() or not text.is_file():
+        print(f"error: {src} or {text} is absent; this benchmark needs ../shared/data", file=sys.stderr)
+        return 2
+    work = args.work or args.out.parent / f"{args.out.stem}_work"
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+
+    from specgraft.llama2c import convert_llama2c
+
+    model_dir = work / "stories260K"
+    if not (model_dir / "config.json").is_file():
+        convert_llama2c(src / "stories260K.bin", src / "tok512.bin", model_dir)
+    split = bench.split_tinystories(text, work, args.per_domain)
+    print(f"data: {split['train_lines']} training lines, {split['num_prompts']} held-out prompts", flush=True)
+
+    runs: dict[str, dict[str, Any]] = {}
+    for name, recipe in RUNS:
+        if args.skip_training:
+            runs[name] = {"head": name, "head_dir": str(work / "runs" / f"{name}-online" / "head")}
+            continue
+        run = bench.train_one(name, recipe, "online", model_dir, split, work, args)
+        runs[name] = run
+        s = run["summary"]
+        print(f"  train {name:<6} {s['steps']} steps  {s['tokens_seen']:,} tokens  "
+              f"{s['steady_tokens_per_s']:,.0f} tok/s  {run['wall_s']:.0f} s", flush=True)
+
+    rows = evaluate(model_dir, runs, list(DEFAULT_SETTINGS), split, work, args)
+    summary = comparison(rows)
+    print()
+    print(table(rows))
+    print(f"\nDFlash best ({summary['dflash_best']}) vs EAGLE-3 best ({summary['eagle3_best']}): draft cost "
+          f"{summary['draft_cost_ratio']:.2f}x EAGLE-3's, speedup {summary['speedup_ratio']:.2f}x EAGLE-3's; tau "
+          f"{summary['tau_dflash']:.2f} vs {summary['tau_eagle3']:.2f}")
+    record = {"args": {k: str(v) for k, v in vars(args).items()}, "split": split,
+              "training": {n: {k: v for k, v in r.items() if k != "curves"} for n, r in runs.items()},
+              "eval": rows, "comparison": summary, "wall_s": time.perf_counter() - started}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    print(f"wrote {args.out} ({record['wall_s']:.0f} s)")
+    return 0 if all(r["overall"]["lossless_passed"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
