@@ -8,7 +8,7 @@ output already exists, so a killed run continues where it stopped (regeneration 
 3. ``specgraft regenerate --first-reply-only``: the target's own greedy answers to N ShareGPT first turns
    (``--raw-conversations K`` adds K original ShareGPT replies: EAGLE-3's loss is the target's distribution on any
    text, so human text is cheap extra supervision where regeneration is the cost);
-4. ``specgraft train`` / ``specgraft distill`` with ``recipes/{eagle3,medusa,distill}/smollm2-135m-instruct.yaml``
+4. ``specgraft train`` / ``specgraft distill`` per ``recipes/{eagle3,dflash,medusa,distill}/smollm2-135m-instruct.yaml``
    (paths overridden to ``WORK``), recording tokens/s and peak memory (max RSS) per recipe;
 5. ``specgraft eval`` on Spec-Bench from ``../shared/data`` (its first 80 questions are MT-bench: writing, roleplay,
    reasoning, math, coding, extraction, stem, humanities; then translation, summarization, qa, math_reasoning,
@@ -38,6 +38,7 @@ SHARED = ROOT.parent / "shared" / "data"
 SPEC_BENCH = SHARED / "spec_bench" / "question.jsonl"
 MT_BENCH_DOMAINS = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 RECIPES = {"eagle3": ("train", "recipes/eagle3/smollm2-135m-instruct.yaml", "head"),
+           "dflash": ("train", "recipes/dflash/smollm2-135m-instruct.yaml", "head"),
            "medusa": ("train", "recipes/medusa/smollm2-135m-instruct.yaml", "head"),
            "distill": ("distill", "recipes/distill/smollm2-135m-instruct.yaml", "draft")}
 
@@ -271,6 +272,8 @@ def main() -> None:
         for setting in args.settings:
             if drafter == "medusa" and setting.startswith("chain:") and int(setting[6:]) > 2:
                 continue  # the recipe trains two heads
+            if drafter == "dflash" and not setting.startswith("chain:"):
+                continue  # a DFlash tree is --k depths of --eagle-top-k siblings, not a --tree-size
             report = evaluate(work, target, drafter, product, setting, args)
             mt = mt_bench_overall(work / "eval" / f"{drafter}-{setting.replace(':', '-')}" / "answers.jsonl")
             print_report(f"{drafter} {setting}", report, mt)
