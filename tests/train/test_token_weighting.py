@@ -28,7 +28,7 @@ import torch
 #: per-micro-batch means differs from the token mean of the batch.
 ROW_SHAPES: tuple[tuple[int, int], ...] = ((3, 4), (5, 21), (2, 6), (7, 30), (4, 9), (2, 3), (6, 25), (3, 12))
 #: Families trained through HeadTrainer (medusa2: Medusa heads + a LoRA adapter on the target).
-HEAD_FAMILIES = ("medusa", "eagle", "eagle3", "medusa2")
+HEAD_FAMILIES = ("medusa", "eagle", "eagle3", "medusa2", "dflash")
 FAMILIES = (*HEAD_FAMILIES, "distill")
 #: fp32 rounding of the same sums taken in another order (per micro-batch, per process).
 TOLERANCE = 2e-6
@@ -47,6 +47,8 @@ HEAD_SECTIONS: dict[str, dict[str, Any]] = {
     "medusa2": {"head": {"type": "medusa", "num_heads": 2},
                 "lora": {"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0, "head_warmup_steps": 0,
                          "target_modules": ["q_proj", "v_proj"], "learning_rate": 1.0}},
+    # Anchors are drawn row by row in order, so the micro-batch split draws the same blocks.
+    "dflash": {"head": {"type": "dflash", "block_size": 4, "max_anchors": 6}},
     "distill": {"distill": {"keep_every_k_layers": 2, "loss": "fkl", "alpha_eval_every": 100}},
 }
 

@@ -20,16 +20,22 @@ import torch
 import torch.nn.functional as F
 
 
-def valid_anchor_positions(loss_mask: torch.Tensor, block_size: int) -> torch.Tensor:
-    """[B, T] bool: positions with a label whose block (``block_size`` slots from there) fits in the sequence."""
+def valid_anchor_positions(loss_mask: torch.Tensor, block_size: int,
+                           real: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, T] bool: positions with a label whose block (``block_size`` slots from there) fits in the sequence, and,
+    given ``real`` [B, T] (the attention mask), ends on a real token: then a row's anchors do not depend on how much
+    padding its batch adds (a micro-batch split draws the same blocks)."""
     valid = loss_mask.bool().clone()
     seq_len = valid.shape[1]
     valid[:, max(seq_len - block_size + 1, 0):] = False
+    if real is not None and seq_len >= block_size:
+        valid[:, : seq_len - block_size + 1] &= real.bool()[:, block_size - 1:]
     return valid
 
 
 def select_anchors(loss_mask: torch.Tensor, block_size: int, max_anchors: int,
-                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   generator: torch.Generator | None = None,
+                   real: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample up to ``max_anchors`` distinct valid anchors per row (uniformly, without replacement), sorted.
 
     Args:
@@ -37,12 +43,13 @@ def select_anchors(loss_mask: torch.Tensor, block_size: int, max_anchors: int,
         block_size: slots per block.
         max_anchors: anchors per row at most.
         generator: the random source (CPU generator; the global RNG when None).
+        real: [B, T] the attention mask, or None (see :func:`valid_anchor_positions`).
 
     Returns:
         ``(anchors [B, A] int64, anchor_valid [B, A] bool)`` with ``A = min(max_anchors, most valid positions of any
         row)``; a row with fewer valid positions is padded with anchor 0 marked invalid.
     """
-    valid = valid_anchor_positions(loss_mask, block_size)  # [B, T]
+    valid = valid_anchor_positions(loss_mask, block_size, real)  # [B, T]
     counts = valid.sum(dim=1)  # [B]
     width = min(int(max_anchors), int(counts.max())) if valid.numel() else 0
     batch = valid.shape[0]

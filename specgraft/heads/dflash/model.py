@@ -46,7 +46,7 @@ from specgraft.heads.dflash.losses import (
 )
 from specgraft.heads.draft_vocab import build_draft_vocab, draft_to_target_ids, vocab_coverage
 from specgraft.heads.layers import RotaryPositions, build_decoder_layer, draft_layer_config
-from specgraft.heads.losses import linear_cross_entropy
+from specgraft.heads.losses import divide_by_count, linear_cross_entropy
 from specgraft.target import Target, TargetOutput
 
 logger = logging.getLogger(__name__)
@@ -145,6 +145,10 @@ def qwen3_layer_config(target: Target, num_layers: int) -> Any:
 
 
 # -- the head ------------------------------------------------------------------------------------------------
+#: Where a batch keeps the anchors drawn for it (see :meth:`DFlashHead.batch_anchors`).
+ANCHORS_KEY = "dflash_anchors"
+
+
 class DFlashHead(DraftHead):
     """DFlash draft head (see the module docstring)."""
 
@@ -310,6 +314,36 @@ class DFlashHead(DraftHead):
         weight, bias = self._output_projection()
         return F.linear(self.norm(hidden), weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype))
 
+    def batch_anchors(self, batch: dict[str, Any], generator: torch.Generator | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(labels [B, T], anchors [B, A], anchor_valid [B, A])`` of a batch: drawn once, then kept in the batch
+        (under :data:`ANCHORS_KEY`) so that :meth:`loss_item_counts` and :meth:`training_loss` score the same
+        blocks. Rows draw in order from ``generator`` (the global RNG when None), so splitting a batch into
+        micro-batches draws the same anchors."""
+        kept = batch.get(ANCHORS_KEY)
+        if kept is not None:
+            return kept
+        input_ids = batch["input_ids"]
+        labels = torch.ones_like(input_ids, dtype=torch.bool)
+        if batch.get("attention_mask") is not None:
+            labels = labels & batch["attention_mask"].bool()
+        if batch.get("loss_mask") is not None:
+            labels = labels & batch["loss_mask"].bool()
+        anchors, anchor_valid = select_anchors(labels, self.config.block_size, self.config.max_anchors, generator,
+                                               batch.get("attention_mask"))
+        batch[ANCHORS_KEY] = (labels, anchors, anchor_valid)
+        return labels, anchors, anchor_valid
+
+    def loss_item_counts(self, batch: dict[str, Any], target_out: TargetOutput | None = None
+                         ) -> dict[str, torch.Tensor]:
+        """``slots``: the scored (anchor, slot >= 1) pairs of the batch's blocks, which the loss averages over;
+        ``pos{k}``: those of slot k (its logged loss and top-1)."""
+        labels, anchors, anchor_valid = self.batch_anchors(batch)
+        scored = block_label_mask(labels, anchors, anchor_valid, self.config.block_size)  # [B, A, bs]
+        counts = {"slots": scored[:, :, 1:].sum()}
+        counts.update({f"pos{k}": scored[:, :, k].sum() for k in range(1, self.config.block_size)})
+        return counts
+
     def training_blocks(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
                         generator: torch.Generator | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -322,12 +356,7 @@ class DFlashHead(DraftHead):
         batch_size, seq_len = input_ids.shape
         bs = self.config.block_size
         real = batch.get("attention_mask")
-        labels = torch.ones_like(input_ids, dtype=torch.bool)
-        if real is not None:
-            labels = labels & real.bool()
-        if batch.get("loss_mask") is not None:
-            labels = labels & batch["loss_mask"].bool()
-        anchors, anchor_valid = select_anchors(labels, bs, self.config.max_anchors, generator)  # [B, A]
+        labels, anchors, anchor_valid = self.batch_anchors(batch, generator)  # [B, T], [B, A], [B, A]
         num_blocks = anchors.shape[1]
         context = self.context_features(target_out.hidden_states)  # [B, T, h]
         slot_ids = torch.full((batch_size, num_blocks, bs), self.config.mask_token_id, dtype=torch.long,
@@ -347,8 +376,8 @@ class DFlashHead(DraftHead):
         slot on the scored rows only with the chunked :func:`~specgraft.heads.losses.linear_cross_entropy` (no
         [rows, vocab] tensor is materialised).
 
-        The scored slots depend on the anchors drawn inside this call, so the family has no
-        :meth:`loss_item_counts` yet: the trainer averages per-micro-batch means for it (``num_items`` is None)."""
+        The sum is divided by ``num_items["slots"]`` when given (the whole optimiser step's scored slots, counted by
+        :meth:`loss_item_counts` on the same anchors), else by this batch's own count."""
         target_logits = target_out.logits
         if target_logits is None:
             last = target_out.hidden_states.get(self.target.num_layers)
@@ -382,9 +411,10 @@ class DFlashHead(DraftHead):
                 with_rank=self.metrics_enabled)
             total = total + weights[k] * ce_sum
             count += n
-            metrics[f"loss/pos{k}"] = (ce_sum / n).detach()
+            per_slot = n if num_items is None else num_items[f"pos{k}"]
+            metrics[f"loss/pos{k}"] = divide_by_count(ce_sum.detach(), per_slot)
             if rank is not None:
-                metrics[f"top1/pos{k}"] = (rank == 0).sum().float() / n
-        loss = total / max(count, 1)
-        metrics["anchors"] = anchor_valid.sum().float()
+                metrics[f"top1/pos{k}"] = divide_by_count((rank == 0).sum().float(), per_slot)
+        loss = divide_by_count(total, count if num_items is None else num_items["slots"])
+        metrics["anchors"] = anchor_valid.sum().float()  # a count: the trainer sums the micro-batches' shares
         return HeadLoss(loss=loss, metrics=metrics)
