@@ -245,5 +245,27 @@ def _merge_adapter(target: Target, adapter_path: Path) -> None:
     logging.getLogger(__name__).info("merged the LoRA adapter %s into the target", adapter_path)
 
 
+#: The adapter's weights inside ``adapter/`` (peft's own file name).
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+
+
+def save_adapter(peft_model: nn.Module, head_dir: Path) -> None:
+    """Write Medusa-2's LoRA adapter (peft format) into ``head_dir/adapter``."""
+    peft_model.save_pretrained(str(Path(head_dir) / ADAPTER_DIR), safe_serialization=True)
+
+
+def load_adapter_state(peft_model: nn.Module, head_dir: Path) -> None:
+    """Load the adapter :func:`save_adapter` wrote into the (already wrapped) ``peft_model``, e.g. on resume."""
+    from peft import set_peft_model_state_dict
+
+    set_peft_model_state_dict(peft_model, load_file(str(Path(head_dir) / ADAPTER_DIR / ADAPTER_WEIGHTS_NAME)))
+
+
+def load_head_weights(head: DraftHead, head_dir: Path) -> None:
+    """Load a head folder's weights into the already built ``head`` (``--resume``: the optimizer holds its
+    parameters)."""
+    head.load_state_dict(read_head_weights(head_dir), strict=True)
+
+
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
