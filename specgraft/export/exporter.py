@@ -171,7 +171,7 @@ def read_head_state(head_dir: Path, meta: dict[str, Any], info: TargetInfo) -> d
     weights = head_dir / HEAD_WEIGHTS_NAME
     state = read_head_weights(head_dir)
     try:
-        rebuild_head(info.skeleton, meta["head_type"], meta["config"], state, str(weights))
+        rebuild_head(info.skeleton, meta["head_type"], meta["config"], state, str(weights), load=False)
     except HeadWeightsMismatch as exc:
         if exc.missing:
             raise SpecgraftError(f"head checkpoint {weights} is missing tensors {exc.missing[:6]}; it is incomplete "

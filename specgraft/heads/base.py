@@ -221,8 +221,14 @@ def head_config_from_dict(head_type: str, raw_config: dict[str, Any], where: str
 
 
 def load_checked_state(head: DraftHead, state: dict[str, torch.Tensor], where: str) -> None:
-    """Load ``state`` into ``head`` after checking it holds exactly the head's tensors with their shapes (raises
-    :class:`HeadWeightsMismatch` naming the first differences)."""
+    """Load ``state`` into ``head`` after :func:`check_head_state`."""
+    check_head_state(head, state, where)
+    head.load_state_dict(state, strict=True)
+
+
+def check_head_state(head: DraftHead, state: dict[str, torch.Tensor], where: str) -> None:
+    """Check that ``state`` holds exactly ``head``'s tensors with their shapes (raises :class:`HeadWeightsMismatch`
+    naming the first differences)."""
     expected = head.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -235,18 +241,20 @@ def load_checked_state(head: DraftHead, state: dict[str, torch.Tensor], where: s
             found, want = tuple(state[name].shape), tuple(tensor.shape)
             raise HeadWeightsMismatch(f"{where}: tensor {name} has shape {found}, expected {want}; the head config "
                                       "and weights disagree", [], [], name, (found, want))
-    head.load_state_dict(state, strict=True)
 
 
 def rebuild_head(target: Target, head_type: str, raw_config: dict[str, Any], state: dict[str, torch.Tensor],
-                 where: str) -> DraftHead:
-    """THE way a saved head comes back (``load_head``, the exporters' readers, ``load_export``): the registered
-    class of ``head_type`` with its typed config, built on ``target`` (a real target, or the exporter's meta-device
-    skeleton), holding exactly ``state`` (checked by :func:`load_checked_state`). ``where`` names the source in
-    errors."""
+                 where: str, load: bool = True) -> DraftHead:
+    """THE way a saved head comes back (``load_head``, the exporter's reader, ``--resume`` through
+    :func:`load_checked_state`): the registered class of ``head_type`` with its typed config, built on ``target``,
+    holding exactly ``state`` (:func:`check_head_state`). ``where`` names the source in errors. ``load=False`` only
+    checks: the exporter's target skeleton lives on the meta device, where there is nothing to load into."""
     cls, config = head_config_from_dict(head_type, raw_config, where)
     head = cls(config, target)
-    load_checked_state(head, state, where)
+    if load:
+        load_checked_state(head, state, where)
+    else:
+        check_head_state(head, state, where)
     return head
 
 
