@@ -33,6 +33,7 @@ from torch import nn
 
 from specgraft.config import DistillRecipe, to_dict
 from specgraft.data.collate import pad_token_id
+from specgraft.data.generate import ids_past_tokenizer
 from specgraft.data.tokenize import stop_token_ids
 from specgraft.distill import data as ddata
 from specgraft.distill.losses import alpha_exact, distill_loss, top1_agreement
@@ -68,13 +69,15 @@ class DistillStep(nn.Module):
         lmbda: probability that a micro-batch is replaced by student samples.
         max_new_tokens: length of on-policy continuations.
         pad_id, stop_ids: padding id and tokens that end a continuation.
+        suppress_tokens: ids on-policy sampling never emits (the student's output rows past the tokenizer).
         seed, process_index: seed the on-policy draws.
         objective: ``distill`` or ``data_ce`` (the baseline: CE on the data's own next tokens).
     """
 
     def __init__(self, student: nn.Module, target: Target, loss_fn: Any, *, temperature: float = 1.0,
                  lmbda: float = 0.0, max_new_tokens: int = 64, pad_id: int = 0, stop_ids: tuple[int, ...] = (),
-                 seed: int = 0, process_index: int = 0, objective: str = OBJECTIVE_DISTILL) -> None:
+                 seed: int = 0, process_index: int = 0, objective: str = OBJECTIVE_DISTILL,
+                 suppress_tokens: tuple[int, ...] | None = None) -> None:
         super().__init__()
         self.student = student
         object.__setattr__(self, "_target", target)  # frozen and borrowed
@@ -87,6 +90,7 @@ class DistillStep(nn.Module):
         self.seed = int(seed)
         self.process_index = int(process_index)
         self.objective = objective
+        self.suppress_tokens = tuple(suppress_tokens) if suppress_tokens else None
 
     def batch_seed(self, batch: dict[str, torch.Tensor], step: int) -> int:
         """A seed fixed by (seed, step, process, batch content): identical when a resumed run replays the batch."""
@@ -102,7 +106,7 @@ class DistillStep(nn.Module):
             draw = torch.rand((), generator=torch.Generator().manual_seed(seed)).item()
             if draw < self.lmbda:
                 sampled = ddata.onpolicy_batch(self.student, batch, self.max_new_tokens, self.temperature,
-                                               self.pad_id, self.stop_ids, seed)
+                                               self.pad_id, self.stop_ids, seed, self.suppress_tokens)
                 if sampled is not None:
                     batch, onpolicy = sampled, True
         return {**batch, ONPOLICY_KEY: torch.tensor(float(onpolicy), device=batch["input_ids"].device)}
@@ -232,7 +236,8 @@ class DistillTrainStep:
                 self._record_best_facts(trainer)
         step = DistillStep(student.model, target, loss_fn, temperature=d.temperature, lmbda=d.lmbda,
                            max_new_tokens=d.onpolicy_max_new_tokens, pad_id=pad_id, stop_ids=stop_ids,
-                           seed=tr.seed, process_index=trainer.accelerator.process_index, objective=self.objective)
+                           seed=tr.seed, process_index=trainer.accelerator.process_index, objective=self.objective,
+                           suppress_tokens=ids_past_tokenizer(student.model, tokenizer))
         params = [p for p in student.model.parameters() if p.requires_grad]
         return step, [{"params": params, "lr": tr.learning_rate}]
 
