@@ -52,15 +52,29 @@ RESUMABLE_CHANGES = ("training.max_steps", "training.checkpoint_every", "trainin
                      "training.log_every", "training.eval_every", "output", "tracking", "description")
 
 
-def recipe_fingerprint(recipe: Recipe) -> str:
+#: Recipe fields added after checkpoints were first written, with the value every earlier run had implicitly: at
+#: that value they are left out of the fingerprint, so a checkpoint written before the field existed still resumes.
+FIELDS_ADDED_LATER = {"lora.learning_rate_divisor": 4.0, "training.train_metrics_batches": 16,
+                      "distill.alpha_eval_train_rows": 32, "distill.alpha_eval_max_rows": 512}
+_ALWAYS = object()  # drop(): remove the field whatever its value
+
+
+def recipe_fingerprint(recipe: Recipe | DistillRecipe) -> str:
     """Hash of the parts of a recipe that determine the training trajectory."""
     data = to_dict(recipe)
-    for dotted in RESUMABLE_CHANGES:
+
+    def drop(dotted: str, when_equal_to: Any = _ALWAYS) -> None:
         node = data
         *parents, leaf = dotted.split(".")
         for p in parents:
-            node = node[p]
-        node.pop(leaf, None)
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node and (when_equal_to is _ALWAYS or node[leaf] == when_equal_to):
+            del node[leaf]
+
+    for dotted in RESUMABLE_CHANGES:
+        drop(dotted)
+    for dotted, earlier_value in FIELDS_ADDED_LATER.items():
+        drop(dotted, earlier_value)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
