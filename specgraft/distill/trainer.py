@@ -1,8 +1,9 @@
 """DistillTrainer: a standalone draft model trained on the target's outputs (DistillSpec / GKD), on the shared loop.
 
 Everything of :class:`~specgraft.train.trainer.RecipeTrainer` carries over (accelerate single/multi-process and
-DeepSpeed configs, trackers, progress, atomic checkpoints, exact resume, NaN guard). What is trained is a
-:class:`DistillStep`: it holds the student (trainable) and borrows the frozen target. Each micro-batch:
+DeepSpeed configs, trackers, progress, atomic checkpoints, exact resume, NaN guard): the loop runs the job's
+:class:`DistillTrainStep` (it builds the student, writes draft folders, measures held-out alpha), whose step module
+:class:`DistillStep` holds the student (trainable) and borrows the frozen target. Each micro-batch:
 
 1. with probability ``distill.lmbda`` the batch is replaced by the student's own continuations of its prompts
    (on-policy, GKD); the draw and the sampling are seeded by (seed, step, process, batch content), so a resumed run
