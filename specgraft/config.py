@@ -109,7 +109,10 @@ class LoraConfig:
     head_warmup_steps: int = 0
     """Train the heads alone for this many steps before the adapter joins."""
     learning_rate: float | None = None
-    """Adapter learning rate (default: training.learning_rate / 4)."""
+    """Adapter learning rate (default: training.learning_rate / ``learning_rate_divisor``)."""
+    learning_rate_divisor: float = 4.0
+    """When ``learning_rate`` is unset, the adapter trains at training.learning_rate divided by this (the target's
+    weights move more slowly than the freshly initialised heads)."""
 
     def validate(self, path: str) -> None:
         check_positive(f"{path}.r", self.r)
@@ -120,6 +123,11 @@ class LoraConfig:
             check_range(f"{path}.{name}", getattr(self, name), 0.0, None)
         if self.learning_rate is not None:
             check_range(f"{path}.learning_rate", self.learning_rate, 0.0, None, low_open=True)
+        check_range(f"{path}.learning_rate_divisor", self.learning_rate_divisor, 0.0, None, low_open=True)
+
+    def adapter_learning_rate(self, base_learning_rate: float) -> float:
+        """The adapter's learning rate given training.learning_rate."""
+        return self.learning_rate if self.learning_rate is not None else base_learning_rate / self.learning_rate_divisor
 
 
 @dataclass
@@ -144,6 +152,10 @@ class DistillConfig:
     onpolicy_max_new_tokens: int = 64
     alpha_eval_every: int = 100
     """Evaluate the held-out acceptance proxy alpha_exact every N steps; the best checkpoint is kept."""
+    alpha_eval_train_rows: int = 32
+    """Rows of the training data alpha_exact is measured on when the data has no eval split."""
+    alpha_eval_max_rows: int = 512
+    """At most this many eval rows are scored at each alpha_exact evaluation (the first ones)."""
 
     def validate(self, path: str) -> None:
         check_choice(f"{path}.loss", self.loss, ("fkl", "rkl", "jsd", "tvd", "ce"))
@@ -152,6 +164,8 @@ class DistillConfig:
         check_range(f"{path}.temperature", self.temperature, 0.0, None, low_open=True)
         check_positive(f"{path}.keep_every_k_layers", self.keep_every_k_layers)
         check_positive(f"{path}.alpha_eval_every", self.alpha_eval_every)
+        check_positive(f"{path}.alpha_eval_train_rows", self.alpha_eval_train_rows)
+        check_positive(f"{path}.alpha_eval_max_rows", self.alpha_eval_max_rows)
         check_positive(f"{path}.onpolicy_max_new_tokens", self.onpolicy_max_new_tokens)
         if self.student_hidden_size is not None:
             check_positive(f"{path}.student_hidden_size", self.student_hidden_size)
@@ -188,6 +202,9 @@ class TrainingConfig:
     feature_cache_dir: str | None = None
     feature_dtype: str = "bfloat16"
     """Storage dtype of an offline feature cache: bfloat16 | float16 (float32: exact, for tests and debugging)."""
+    train_metrics_batches: int = 16
+    """Micro-batches of held-out data (training rows when there is no eval split) that the family's post-training
+    measurement reads (Medusa: each head's top-k accuracy, from which its static tree is built)."""
 
     def validate(self, path: str) -> None:
         # torch's manual_seed takes seeds in [0, 2**64); numpy's (datasets' shuffles) in [0, 2**32).
@@ -204,6 +221,7 @@ class TrainingConfig:
         check_positive(f"{path}.keep_checkpoints", self.keep_checkpoints)
         check_positive(f"{path}.log_every", self.log_every)
         check_range(f"{path}.eval_every", self.eval_every, 0, None)
+        check_positive(f"{path}.train_metrics_batches", self.train_metrics_batches)
         if len(self.adam_betas) != 2 or not all(math.isfinite(b) and 0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"{path}.adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
         check_choice(f"{path}.lr_scheduler", self.lr_scheduler, ("cosine", "linear", "constant"))

@@ -225,6 +225,7 @@ def _evaluate_head(out: Path, kind: str, head_dir: Path, target_path: Path, prom
 
     target = load_target(target_path)  # a fresh target: the decoder owns its caches
     head = load_head(target, head_dir)
+    target = head.target  # the head's own (Medusa-2: with its adapter merged)
     family = family_of(head)
     setting = family.setting_from_flags()  # the family's defaults, as `specgraft eval --head` drafts
     drafter = family.drafter(head, setting)

@@ -58,6 +58,29 @@ class TargetIdentity:
     #: Fields that must agree for a head to be usable; the name may differ (a local copy of the same model).
     STRICT_FIELDS = ("architecture", "hidden_size", "vocab_size", "num_hidden_layers", "tokenizer_fingerprint")
 
+    @classmethod
+    def of(cls, model: Any, tokenizer: Any = None, name_or_path: str | None = None,
+           source: str | None = None) -> TargetIdentity:
+        """The identity of ``model`` (a transformers causal LM, or a :class:`Target`, whose own tokenizer is used
+        when ``tokenizer`` is None) with ``tokenizer``: what a head records when built, and what every drafter
+        compares the decoder's model against (:meth:`require_same_model`)."""
+        if isinstance(model, Target):
+            tokenizer = model.tokenizer if tokenizer is None else tokenizer
+            name_or_path = name_or_path or model.name_or_path
+            model = model.model
+        config = model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return cls(
+            name_or_path=str(name_or_path or getattr(model, "name_or_path", "") or type(model).__name__),
+            architecture=type(model).__name__,
+            model_type=str(getattr(text_config, "model_type", getattr(config, "model_type", ""))),
+            hidden_size=int(text_config.hidden_size),
+            vocab_size=int(text_config.vocab_size),
+            num_hidden_layers=int(text_config.num_hidden_layers),
+            tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+            source=source,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -77,6 +100,16 @@ class TargetIdentity:
                 label = "tokenizer" if name == "tokenizer_fingerprint" else name
                 diffs.append(f"{label} {mine} vs {theirs}")
         return diffs
+
+    def require_same_model(self, model: Any, tokenizer: Any = None, what: str = "head") -> None:
+        """Raise :class:`TargetMismatchError` if the model a decoder runs (and its tokenizer, when given) is not
+        the target this object was made for (the drafters' ``bind`` check; names are not compared). ``model`` may
+        be a :class:`Target`; only the ``tokenizer`` given is compared (None: the tokenizer is not checked)."""
+        model = model.model if hasattr(model, "identity") and hasattr(model, "model") else model  # a Target
+        diffs = self.mismatches(TargetIdentity.of(model, tokenizer))
+        if diffs:
+            raise TargetMismatchError(f"this {what} was made for {self.name_or_path}, not the model being decoded "
+                                      f"({'; '.join(diffs)}); decode with the {what}'s own target and its tokenizer")
 
     def require_compatible(self, actual: TargetIdentity, what: str = "head") -> None:
         """Raise :class:`TargetMismatchError` if ``actual`` is not the target this object was made for."""
@@ -125,16 +158,7 @@ class Target:
         self.name_or_path = name_or_path or getattr(model, "name_or_path", "") or type(model).__name__
         text_config = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
         self.text_config = text_config
-        self.identity = TargetIdentity(
-            name_or_path=str(self.name_or_path),
-            architecture=type(model).__name__,
-            model_type=str(getattr(text_config, "model_type", self.config.model_type)),
-            hidden_size=int(text_config.hidden_size),
-            vocab_size=int(text_config.vocab_size),
-            num_hidden_layers=int(text_config.num_hidden_layers),
-            tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
-            source=source,
-        )
+        self.identity = TargetIdentity.of(model, tokenizer, name_or_path=str(self.name_or_path), source=source)
 
     # -- sizes -----------------------------------------------------------------------------------------------
     @property

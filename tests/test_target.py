@@ -66,6 +66,25 @@ def test_identity_mismatch_names_the_difference():
     made_for.require_compatible(Target(tiny_model("llama", seed=3), tiny_tokenizer(), name_or_path="copy").identity)
 
 
+def test_identity_of_a_bare_model_is_the_one_drafters_check():
+    tok = tiny_tokenizer()
+    target = Target(tiny_model("qwen2"), tok, name_or_path="org/q")
+    assert TargetIdentity.of(target) == target.identity  # a Target brings its own tokenizer and name
+    assert TargetIdentity.of(target.model, tok, name_or_path="org/q") == target.identity
+    assert TargetIdentity.of(target.model).tokenizer_fingerprint is None
+    ident = target.identity
+    ident.require_same_model(target.model, tok)  # the same model: no error
+    ident.require_same_model(target)  # a Target is unwrapped; without a tokenizer it is not compared
+    with pytest.raises(TargetMismatchError, match="hidden_size 64 vs 32"):
+        ident.require_same_model(tiny_model("qwen2", hidden_size=32, num_attention_heads=2, num_key_value_heads=1))
+    with pytest.raises(TargetMismatchError, match="architecture Qwen2ForCausalLM vs LlamaForCausalLM"):
+        ident.require_same_model(tiny_model("llama"))
+    other = tiny_tokenizer()
+    other.add_tokens(["extra"])
+    with pytest.raises(TargetMismatchError, match="tokenizer"):
+        ident.require_same_model(target.model, other)
+
+
 def test_load_target_from_folder_and_bad_paths(tmp_path):
     model, tok = tiny_model("qwen3"), tiny_tokenizer()
     model.save_pretrained(tmp_path / "m")

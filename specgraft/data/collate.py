@@ -11,6 +11,20 @@ import torch
 
 from specgraft.errors import SpecgraftError
 
+#: Padding id of a batch whose tokenizer has no pad token and no stop token to stand in for it (padding is masked
+#: out of attention and losses, so any id in the vocabulary works).
+DEFAULT_PAD_ID = 0
+
+
+def pad_token_id(tokenizer: Any, stop_ids: Sequence[int] = ()) -> int:
+    """The id that pads batches of ``tokenizer``'s text: its pad token, else the first stop token (generation pads
+    finished rows with it, as transformers does), else :data:`DEFAULT_PAD_ID`. ``tokenizer`` may be None (rows
+    tokenised elsewhere)."""
+    pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+    if pad is not None:
+        return int(pad)
+    return int(stop_ids[0]) if len(stop_ids) else DEFAULT_PAD_ID
+
 
 def pad_collate(
     features: Sequence[Mapping[str, Any]], pad_token_id: int, pad_to_multiple_of: int | None = None

@@ -28,9 +28,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from specgraft.data.collate import pad_token_id
+from specgraft.data.generate import generate_batch, generation_config, ids_past_tokenizer
 from specgraft.data.tokenize import prompt_ids, stop_token_ids, tokenizer_key, with_system_prompt
 from specgraft.errors import SpecgraftError
 from specgraft.utils.io import atomic_path, atomic_write_json
+from specgraft.utils.seeds import derive_seed
 from specgraft.utils.threads import add_threads_argument, set_torch_threads
 
 logger = logging.getLogger(__name__)
@@ -303,7 +306,7 @@ def regenerate(
             # Longest first: similar lengths share a batch, and an out-of-memory shows up at once.
             ordered = sorted(window, key=lambda i: -sum(len(m["content"]) for m in convs[i]))
             for batch_ids in _chunks(ordered, batch_size):
-                batch_seed = _derive_seed(seed, batch_ids[0])
+                batch_seed = derive_seed(seed, batch_ids[0])
                 tokens_before, replies_before, batch_started = local.new_tokens, local.replies, time.perf_counter()
                 with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                     results = gen.conversations([convs[i] for i in batch_ids], batch_seed, local)
@@ -381,32 +384,14 @@ class _Generator:
         self, model: Any, tokenizer: Any, max_new_tokens: int, temperature: float, top_p: float,
         use_chat_template: bool,
     ) -> None:
-        from transformers import GenerationConfig
-
         self.model = model
         self.tokenizer = tokenizer
         self.use_chat_template = use_chat_template
         self.max_new_tokens = max_new_tokens
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None), use_chat_template)
-        pad = tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else (self.stop_ids[0] if self.stop_ids else 0)
-        head = model.get_output_embeddings()
-        vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
-        # Rows past the tokenizer (padding of the embedding matrix) are never real text: never emit them.
-        suppress = list(range(len(tokenizer), vocab)) or None
-        sampling = temperature > 0
-        # Every knob set explicitly, so the model's own generation defaults (top_k, repetition penalty) stay out.
-        self.config = GenerationConfig(
-            max_new_tokens=max_new_tokens,
-            do_sample=sampling,
-            temperature=temperature if sampling else None,
-            top_p=top_p if sampling else None,
-            top_k=0 if sampling else None,
-            repetition_penalty=1.0,
-            eos_token_id=self.stop_ids or None,
-            pad_token_id=self.pad_id,
-            suppress_tokens=suppress,
-        )
+        self.pad_id = pad_token_id(tokenizer, self.stop_ids)
+        self.config = generation_config(max_new_tokens, temperature, self.pad_id, self.stop_ids, top_p=top_p,
+                                        suppress_tokens=ids_past_tokenizer(model, tokenizer))
         limit = getattr(model.config, "max_position_embeddings", None)
         self.max_positions = int(limit) if limit else None
 
@@ -433,7 +418,7 @@ class _Generator:
                 prompts.append(ids)
                 keep.append(c)
             if keep:
-                replies = self.generate(prompts, _derive_seed(seed, step), stats)
+                replies = self.generate(prompts, derive_seed(seed, step), stats)
                 for c, reply in zip(keep, replies):
                     slot = slots[c][step]
                     turn = {"role": "assistant", "content": reply}
@@ -445,32 +430,14 @@ class _Generator:
 
     def generate(self, prompts: Sequence[Sequence[int]], seed: int, stats: RegenerateStats) -> list[str]:
         """One reply per prompt (token ids); ``seed`` seeds sampling."""
-        import torch
-
-        device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # [B, T]
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, T]
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            attention_mask[i, width - len(p):] = 1
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            out = self.model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                generation_config=self.config,
-            )
-        new = out[:, width:].tolist()  # [B, <= max_new_tokens]
         replies = []
-        stops = set(self.stop_ids)
-        for tokens in new:
-            end = next((k for k, t in enumerate(tokens) if t in stops), None)
-            if end is None:
+        for tokens, stopped in generate_batch(self.model, prompts, self.config, seed):
+            if stopped:
+                stats.new_tokens += len(tokens)
+                tokens = tokens[:-1]  # the stop token ends the reply; it is not part of its text
+            else:
                 stats.truncated_replies += 1
                 stats.new_tokens += len(tokens)
-            else:
-                stats.new_tokens += end + 1
-                tokens = tokens[:end]
             replies.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
         stats.replies += len(prompts)
         return replies
@@ -495,11 +462,6 @@ def _cut(messages: list[dict[str, str]], slot: int) -> list[dict[str, str]]:
     head = messages[:slot]
     last = max((i for i, m in enumerate(head) if m["role"] == "assistant"), default=None)
     return head[: last + 1] if last is not None else head
-
-
-def _derive_seed(seed: int, *parts: int) -> int:
-    digest = hashlib.sha256(json.dumps([seed, *parts]).encode()).hexdigest()
-    return int(digest[:15], 16)
 
 
 def _chunks(items: Sequence[int], size: int) -> Iterable[list[int]]:

@@ -30,7 +30,9 @@ import datasets
 import numpy as np
 import torch
 
-from specgraft.data.collate import pad_collate
+from specgraft.data.collate import pad_collate, pad_token_id
+from specgraft.data.generate import generate_batch, generation_config, ids_past_tokenizer
+from specgraft.utils.seeds import derive_seed  # noqa: F401 (re-exported: DistillStep seeds its draws with it)
 
 logger = logging.getLogger(__name__)
 
@@ -69,58 +71,21 @@ def row_prompts(batch: dict[str, torch.Tensor], max_new_tokens: int) -> list[lis
     return prompts
 
 
-def generation_config(max_new_tokens: int, temperature: float, pad_id: int, stop_ids: Sequence[int]) -> Any:
-    """Pure sampling at ``temperature`` (greedy at 0): every knob explicit so a model's defaults stay out."""
-    from transformers import GenerationConfig
-
-    sampling = temperature > 0
-    return GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=sampling,
-        temperature=temperature if sampling else None,
-        top_p=1.0 if sampling else None,
-        top_k=0 if sampling else None,
-        repetition_penalty=1.0,
-        eos_token_id=list(stop_ids) or None,
-        pad_token_id=pad_id,
-    )
-
-
 @torch.no_grad()
 def generate_continuations(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float,
-                           pad_id: int, stop_ids: Sequence[int], seed: int) -> list[list[int]]:
-    """One continuation per prompt (left-padded batch), each cut after its first stop token.
-
-    Sampling draws from a forked RNG seeded with ``seed``: the result depends only on the inputs, and the
-    caller's RNG stream is untouched (exact resume).
-    """
-    device = next(model.parameters()).device
+                           pad_id: int, stop_ids: Sequence[int], seed: int,
+                           suppress_tokens: Sequence[int] | None = None) -> list[list[int]]:
+    """One continuation per prompt (:func:`specgraft.data.generate.generate_batch`: left-padded, seeded by
+    ``seed`` on a forked RNG, never emitting ``suppress_tokens``), each cut after its first stop token and at
+    the model's context."""
     width = max(len(p) for p in prompts)
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     if limit is not None:
         max_new_tokens = min(max_new_tokens, int(limit) - width)
     if max_new_tokens < 1:
         return [[] for _ in prompts]
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # [B, T]
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, T]
-    for i, p in enumerate(prompts):
-        input_ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
-        attention_mask[i, width - len(p):] = 1
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                 generation_config=generation_config(max_new_tokens, temperature, pad_id, stop_ids))
-    finally:
-        model.train(was_training)
-    stops = set(stop_ids)
-    result = []
-    for tokens in out[:, width:].tolist():  # [B, <= max_new_tokens]
-        end = next((k for k, t in enumerate(tokens) if t in stops), None)
-        result.append(tokens if end is None else tokens[: end + 1])
-    return result
+    config = generation_config(max_new_tokens, temperature, pad_id, stop_ids, suppress_tokens=suppress_tokens)
+    return [tokens for tokens, _ in generate_batch(model, prompts, config, seed)]
 
 
 def continuation_rows(prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[dict]:
@@ -135,11 +100,13 @@ def continuation_rows(prompts: Sequence[Sequence[int]], continuations: Sequence[
 
 
 def onpolicy_batch(student: Any, batch: dict[str, torch.Tensor], max_new_tokens: int, temperature: float,
-                   pad_id: int, stop_ids: Sequence[int], seed: int) -> dict[str, torch.Tensor] | None:
+                   pad_id: int, stop_ids: Sequence[int], seed: int,
+                   suppress_tokens: Sequence[int] | None = None) -> dict[str, torch.Tensor] | None:
     """GKD: the student continues each row's prompt; returns the right-padded batch labelled on its own tokens
     (None when nothing could be generated, e.g. prompts already at the context limit)."""
     prompts = row_prompts(batch, max_new_tokens)
-    continuations = generate_continuations(student, prompts, max_new_tokens, temperature, pad_id, stop_ids, seed)
+    continuations = generate_continuations(student, prompts, max_new_tokens, temperature, pad_id, stop_ids, seed,
+                                           suppress_tokens)
     rows = continuation_rows(prompts, continuations)
     if not rows:
         return None
@@ -172,7 +139,8 @@ def text_continuations(model: Any, tokenizer: Any, train: datasets.Dataset, *, m
     from specgraft.utils.io import atomic_path
 
     state = PartialState()
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (list(stop_ids) or [0])[0]
+    pad_id = pad_token_id(tokenizer, stop_ids)
+    suppress = ids_past_tokenizer(model, tokenizer)
     key = hashlib.sha256(json.dumps({
         "version": SEQ_KD_VERSION, "model": model_key(model), "tokenizer": tokenizer_key(tokenizer),
         "rows": getattr(train, "_fingerprint", None), "n": len(train), "max_new_tokens": max_new_tokens,
@@ -193,7 +161,7 @@ def text_continuations(model: Any, tokenizer: Any, train: datasets.Dataset, *, m
                              for i in range(len(chunk))], pad_id)
         prompts = row_prompts(batch, max_new_tokens)
         conts = generate_continuations(model, prompts, max_new_tokens, temperature, pad_id, stop_ids,
-                                       seed=derive_seed(seed, index[0]))
+                                       seed=derive_seed(seed, index[0]), suppress_tokens=suppress)
         rows.extend({"index": i, **row} for i, row in zip(index, continuation_rows(prompts, conts)))
     gathered = gather_object(rows) if state.num_processes > 1 else rows
     gathered = sorted(gathered, key=lambda r: r["index"])
@@ -234,8 +202,3 @@ def seq_kd_dataset(data_cfg: Any, target: Any, train: datasets.Dataset, stop_ids
     regenerated = build_dataset(dataclasses.replace(data_cfg, regenerate=True), target.tokenizer, model=target.model)
     return regenerated["train"]
 
-
-def derive_seed(seed: int, *parts: int) -> int:
-    """A 60-bit seed derived from ``seed`` and integer ``parts`` (stable across runs and processes)."""
-    digest = hashlib.sha256(json.dumps([int(seed), *(int(p) for p in parts)]).encode()).hexdigest()
-    return int(digest[:15], 16)

@@ -1,8 +1,9 @@
 """DistillTrainer: a standalone draft model trained on the target's outputs (DistillSpec / GKD), on the shared loop.
 
 Everything of :class:`~specgraft.train.trainer.RecipeTrainer` carries over (accelerate single/multi-process and
-DeepSpeed configs, trackers, progress, atomic checkpoints, exact resume, NaN guard). What is trained is a
-:class:`DistillStep`: it holds the student (trainable) and borrows the frozen target. Each micro-batch:
+DeepSpeed configs, trackers, progress, atomic checkpoints, exact resume, NaN guard): the loop runs the job's
+:class:`DistillTrainStep` (it builds the student, writes draft folders, measures held-out alpha), whose step module
+:class:`DistillStep` holds the student (trainable) and borrows the frozen target. Each micro-batch:
 
 1. with probability ``distill.lmbda`` the batch is replaced by the student's own continuations of its prompts
    (on-policy, GKD); the draw and the sampling are seeded by (seed, step, process, batch content), so a resumed run
@@ -32,6 +33,8 @@ import torch
 from torch import nn
 
 from specgraft.config import DistillRecipe, to_dict
+from specgraft.data.collate import pad_token_id
+from specgraft.data.generate import ids_past_tokenizer
 from specgraft.data.tokenize import stop_token_ids
 from specgraft.distill import data as ddata
 from specgraft.distill.losses import alpha_exact, distill_loss, top1_agreement
@@ -47,10 +50,6 @@ logger = logging.getLogger(__name__)
 
 #: Folder (inside output.dir) of the best student by held-out alpha_exact.
 BEST_DIR = "best"
-#: Rows of the training data used for alpha_exact when the recipe has no eval split.
-ALPHA_EVAL_TRAIN_ROWS = 32
-#: At most this many eval rows are scored at each alpha_exact evaluation.
-ALPHA_EVAL_MAX_ROWS = 512
 #: Label positions per micro-batch that the logged training alpha/top-1 look at (vocab-sized float32 copies).
 TRAIN_METRIC_POSITIONS = 2048
 #: Key of the 0-dim on-policy flag in a batch that has had its on-policy draw (DistillStep.prepare).
@@ -71,13 +70,15 @@ class DistillStep(nn.Module):
         lmbda: probability that a micro-batch is replaced by student samples.
         max_new_tokens: length of on-policy continuations.
         pad_id, stop_ids: padding id and tokens that end a continuation.
+        suppress_tokens: ids on-policy sampling never emits (the student's output rows past the tokenizer).
         seed, process_index: seed the on-policy draws.
         objective: ``distill`` or ``data_ce`` (the baseline: CE on the data's own next tokens).
     """
 
     def __init__(self, student: nn.Module, target: Target, loss_fn: Any, *, temperature: float = 1.0,
                  lmbda: float = 0.0, max_new_tokens: int = 64, pad_id: int = 0, stop_ids: tuple[int, ...] = (),
-                 seed: int = 0, process_index: int = 0, objective: str = OBJECTIVE_DISTILL) -> None:
+                 seed: int = 0, process_index: int = 0, objective: str = OBJECTIVE_DISTILL,
+                 suppress_tokens: tuple[int, ...] | None = None) -> None:
         super().__init__()
         self.student = student
         object.__setattr__(self, "_target", target)  # frozen and borrowed
@@ -90,6 +91,7 @@ class DistillStep(nn.Module):
         self.seed = int(seed)
         self.process_index = int(process_index)
         self.objective = objective
+        self.suppress_tokens = tuple(suppress_tokens) if suppress_tokens else None
 
     def batch_seed(self, batch: dict[str, torch.Tensor], step: int) -> int:
         """A seed fixed by (seed, step, process, batch content): identical when a resumed run replays the batch."""
@@ -105,7 +107,7 @@ class DistillStep(nn.Module):
             draw = torch.rand((), generator=torch.Generator().manual_seed(seed)).item()
             if draw < self.lmbda:
                 sampled = ddata.onpolicy_batch(self.student, batch, self.max_new_tokens, self.temperature,
-                                               self.pad_id, self.stop_ids, seed)
+                                               self.pad_id, self.stop_ids, seed, self.suppress_tokens)
                 if sampled is not None:
                     batch, onpolicy = sampled, True
         return {**batch, ONPOLICY_KEY: torch.tensor(float(onpolicy), device=batch["input_ids"].device)}
@@ -156,137 +158,145 @@ class DistillStep(nn.Module):
         return HeadLoss(loss=loss, metrics=metrics)
 
 
-class DistillTrainer(RecipeTrainer):
-    """Distil a standalone draft model from a recipe (see the module docstring).
+class DistillTrainStep:
+    """The distillation job's :class:`~specgraft.train.step.TrainStep`: builds the student and its
+    :class:`DistillStep`, writes draft folders, measures held-out alpha_exact every ``distill.alpha_eval_every``
+    steps and keeps the best student in ``best/``.
 
     Args:
-        recipe, resume, target, dataset, show_progress: as for :class:`~specgraft.train.trainer.RecipeTrainer`.
-        eval_dataset: held-out tokenised rows for alpha_exact when ``dataset`` is given directly.
+        recipe: the distillation recipe.
+        eval_dataset: held-out tokenised rows for alpha_exact when the trainer's dataset is given directly.
         objective: ``distill`` (default) or ``data_ce``: train on the data's next tokens with plain CE, ignoring
             the target (the baseline the benchmark compares against; alpha_exact is still measured).
 
     Attributes:
         best_alpha, best_step: the best held-out alpha_exact so far and its step (what ``best/`` holds).
         alpha_history: ``(step, alpha_exact, top1)`` of every evaluation of this process's run.
+        eval_rows: the rows alpha_exact is measured on (set by :meth:`build`).
     """
 
-    #: The recipe schema this trainer runs.
-    recipe_schema = DistillRecipe
-
-    final_dir = "draft"
     label = "distill"
+    final_dir = "draft"
+    find_unused_parameters = False
 
-    def __init__(self, recipe: DistillRecipe, resume: bool = False, target: Target | None = None, dataset: Any = None,
-                 show_progress: bool = True, eval_dataset: Any = None, objective: str = OBJECTIVE_DISTILL) -> None:
-        super().__init__(recipe, resume=resume, target=target, dataset=dataset, show_progress=show_progress)
+    def __init__(self, recipe: DistillRecipe, eval_dataset: Any = None, objective: str = OBJECTIVE_DISTILL) -> None:
         if objective not in (OBJECTIVE_DISTILL, OBJECTIVE_DATA_CE):
             raise SpecgraftError(f"unknown objective {objective!r}; use {OBJECTIVE_DISTILL} or {OBJECTIVE_DATA_CE}")
+        self.recipe = recipe
         self.objective = objective
-        self._given_eval = eval_dataset
+        self.given_eval = eval_dataset
+        self.eval_rows: Any = None
         self.student_info: Student | None = None
         self.best_alpha: float | None = None
         self.best_step: int | None = None
         self.alpha_history: list[tuple[int, float, float]] = []
 
-    # -- hooks -----------------------------------------------------------------------------------------------
-    def build_model(self, target: Target) -> tuple[nn.Module, list[dict[str, Any]]]:
+    def check(self, trainer: RecipeTrainer) -> None:
+        """A student with another tokenizer fails before the target and the data are loaded."""
+        if trainer.target is None:
+            precheck_student_tokenizer(self.recipe.model, self.recipe.distill)
+
+    def build(self, trainer: RecipeTrainer, target: Target) -> tuple[nn.Module, list[dict[str, Any]]]:
         r, d, tr = self.recipe, self.recipe.distill, self.recipe.training
         loss_fn = distill_loss(d.loss, d.beta)  # an unknown name fails here, before any work
-        acc = self.accelerator
         student = build_student(target, d)
         self.student_info = student
         tokenizer = target.tokenizer
         stop_ids = tuple(stop_token_ids(tokenizer, getattr(target.model, "generation_config", None),
                                         r.data.use_chat_template)) if tokenizer is not None else ()
-        pad_id = tokenizer.pad_token_id if tokenizer is not None else None
-        pad_id = pad_id if pad_id is not None else (stop_ids[0] if stop_ids else 0)
+        pad_id = pad_token_id(tokenizer, stop_ids)
 
         # Held-out rows for alpha_exact: the eval split, else a slice of train (taken before any seq_kd rows).
-        if self._given_eval is not None:
-            self.eval_dataset = self._given_eval
-        if self.eval_dataset is None or len(self.eval_dataset) == 0:
-            self.eval_dataset = self.dataset.select(range(min(ALPHA_EVAL_TRAIN_ROWS, len(self.dataset))))
-            logger.info("no eval split: alpha_exact is measured on %d training rows", len(self.eval_dataset))
-        elif len(self.eval_dataset) > ALPHA_EVAL_MAX_ROWS:
-            self.eval_dataset = self.eval_dataset.select(range(ALPHA_EVAL_MAX_ROWS))
+        rows = self.given_eval if self.given_eval is not None else trainer.eval_dataset
+        if rows is None or len(rows) == 0:
+            rows = trainer.dataset.select(range(min(d.alpha_eval_train_rows, len(trainer.dataset))))
+            logger.info("no eval split: alpha_exact is measured on %d training rows", len(rows))
+        elif len(rows) > d.alpha_eval_max_rows:
+            rows = rows.select(range(d.alpha_eval_max_rows))
+        self.eval_rows = rows
 
         if d.seq_kd:
-            extra = ddata.seq_kd_dataset(r.data, target, self.dataset, stop_ids,
+            extra = ddata.seq_kd_dataset(r.data, target, trainer.dataset, stop_ids,
                                          batch_size=max(tr.micro_batch_size, ddata.SEQ_KD_BATCH_SIZE))
             if extra is not None and len(extra):
                 columns = ["input_ids", "attention_mask", "loss_mask"]
-                fixed = self.dataset.select_columns(columns).cast(extra.features)
-                self.dataset = datasets.concatenate_datasets([fixed, extra.select_columns(columns)])
+                fixed = trainer.dataset.select_columns(columns).cast(extra.features)
+                trainer.dataset = datasets.concatenate_datasets([fixed, extra.select_columns(columns)])
                 logger.info("seq_kd: %d target-generated rows added to %d fixed rows", len(extra), len(fixed))
-                self.data_facts["seq_kd_rows"] = len(extra)
-        self.data_facts.update({
+                trainer.data_facts["seq_kd_rows"] = len(extra)
+        trainer.data_facts.update({
             "student_origin": student.origin,
             "student_parameters": student.num_parameters,
-            "training_rows": len(self.dataset),
+            "training_rows": len(trainer.dataset),
         })
-        step = DistillStep(student.model, target, loss_fn, temperature=d.temperature, lmbda=d.lmbda,
-                           max_new_tokens=d.onpolicy_max_new_tokens, pad_id=pad_id, stop_ids=stop_ids,
-                           seed=tr.seed, process_index=acc.process_index, objective=self.objective)
-        params = [p for p in student.model.parameters() if p.requires_grad]
-        return step, [{"params": params, "lr": tr.learning_rate}]
-
-    @property
-    def student(self) -> nn.Module:
-        return self.unwrapped().student
-
-    def save_model(self, folder: Path, extra: dict[str, Any] | None = None, metrics: dict[str, Any] | None = None,
-                   final: bool | None = None) -> None:
-        """The student as a draft folder. Checkpoints keep the training dtype (exact resume); the final and best
-        drafts are cast to the target's dtype, as served."""
-        final = extra is not None if final is None else final
-        save_draft(
-            folder, self.student, self.target.tokenizer, self.target.identity,
-            student=self.student_info.describe() if self.student_info is not None else {},
-            distill=to_dict(self.recipe.distill),
-            metrics=metrics if metrics is not None else self._best_metrics(),
-            training=(extra or {}).get("training", {}),
-            dtype=self.target.dtype if final else None,
-        )
-
-    def load_model_state(self, folder: Path) -> None:
-        load_weights(self.student, folder)
-
-    def on_optimizer_step(self) -> None:
-        d, tr = self.recipe.distill, self.recipe.training
-        if self.step % d.alpha_eval_every == 0 or self.step == tr.max_steps:
-            self.evaluate_and_keep_best()
-
-    # -- held-out alpha --------------------------------------------------------------------------------------
-    def setup(self) -> None:
-        if self.target is None:
-            # A student with another tokenizer fails before the target and the data are loaded.
-            precheck_student_tokenizer(self.recipe.model, self.recipe.distill)
-        super().setup()
-        best_meta = self.output_dir / BEST_DIR / DRAFT_META
-        if self.resume and best_meta.is_file():
+        best_meta = trainer.output_dir / BEST_DIR / DRAFT_META
+        if trainer.resume and best_meta.is_file():
             metrics = json.loads(best_meta.read_text(encoding="utf-8")).get("metrics", {})
             if metrics.get("alpha_exact") is not None:
                 self.best_alpha, self.best_step = float(metrics["alpha_exact"]), metrics.get("step")
-                self._record_best_facts()
+                self._record_best_facts(trainer)
+        step = DistillStep(student.model, target, loss_fn, temperature=d.temperature, lmbda=d.lmbda,
+                           max_new_tokens=d.onpolicy_max_new_tokens, pad_id=pad_id, stop_ids=stop_ids,
+                           seed=tr.seed, process_index=trainer.accelerator.process_index, objective=self.objective,
+                           suppress_tokens=ids_past_tokenizer(student.model, tokenizer))
+        params = [p for p in student.model.parameters() if p.requires_grad]
+        return step, [{"params": params, "lr": tr.learning_rate}]
 
+    def feature_layers(self) -> None:
+        """Distillation runs the student on tokens, not on cached target features."""
+        return None
+
+    @staticmethod
+    def student(trainer: RecipeTrainer) -> nn.Module:
+        """The student being trained (without its DDP/DeepSpeed wrapper)."""
+        return trainer.unwrapped().student
+
+    def save(self, trainer: RecipeTrainer, folder: Path, extra: dict[str, Any] | None = None) -> None:
+        """The student as a draft folder. Checkpoints (no ``extra``) keep the training dtype (exact resume); the
+        final draft is cast to the target's dtype, as served."""
+        self._save_draft(trainer, folder, metrics=self._best_metrics(),
+                         training=(extra or {}).get("training", {}), final=extra is not None)
+
+    def _save_draft(self, trainer: RecipeTrainer, folder: Path, metrics: dict[str, Any],
+                    training: dict[str, Any], final: bool) -> None:
+        save_draft(
+            folder, self.student(trainer), trainer.target.tokenizer, trainer.target.identity,
+            student=self.student_info.describe() if self.student_info is not None else {},
+            distill=to_dict(self.recipe.distill), metrics=metrics, training=training,
+            dtype=trainer.target.dtype if final else None,
+        )
+
+    def load(self, trainer: RecipeTrainer, folder: Path) -> None:
+        load_weights(self.student(trainer), folder)
+
+    def after_optimizer_step(self, trainer: RecipeTrainer) -> None:
+        d, tr = self.recipe.distill, self.recipe.training
+        if trainer.step % d.alpha_eval_every == 0 or trainer.step == tr.max_steps:
+            self.evaluate_and_keep_best(trainer)
+
+    def finalize(self, trainer: RecipeTrainer) -> dict[str, Any]:
+        """Nothing more to measure: the last held-out evaluation ran after the last step."""
+        return {}
+
+    # -- held-out alpha --------------------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate_alpha(self) -> dict[str, float]:
+    def evaluate_alpha(self, trainer: RecipeTrainer) -> dict[str, float]:
         """Held-out alpha_exact and top-1 agreement over label positions (every process scores its share)."""
         from specgraft.data import pad_collate
 
-        acc, d = self.accelerator, self.recipe.distill
-        student = self.student
+        acc, d = trainer.accelerator, self.recipe.distill
+        student = self.student(trainer)
         was_training = student.training
         student.eval()
-        rows = self.eval_dataset
+        rows = self.eval_rows
         mine = list(range(acc.process_index, len(rows), acc.num_processes))
         sums = torch.zeros(3, dtype=torch.float64, device=acc.device)  # alpha sum, top1 sum, positions
-        pad_id = self.target.tokenizer.pad_token_id if self.target.tokenizer is not None else None
+        pad_id = pad_token_id(trainer.target.tokenizer)
         batch_size = self.recipe.training.micro_batch_size
         try:
             for start in range(0, len(mine), batch_size):
                 chunk = rows.select(mine[start: start + batch_size])
-                batch = pad_collate([chunk[i] for i in range(len(chunk))], pad_id if pad_id is not None else 0)
+                batch = pad_collate([chunk[i] for i in range(len(chunk))], pad_id)
                 ids = batch["input_ids"].to(acc.device)
                 attention = batch["attention_mask"].to(acc.device)
                 mask = (batch["loss_mask"][:, 1:].to(acc.device) * attention[:, 1:]).bool()
@@ -295,7 +305,7 @@ class DistillTrainer(RecipeTrainer):
                     continue
                 with acc.autocast():
                     q = student(input_ids=ids, attention_mask=attention).logits[:, :-1]
-                    p = self.target(ids, attention).logits[:, :-1]
+                    p = trainer.target(ids, attention).logits[:, :-1]
                 sums[0] += float(alpha_exact(p, q, mask, temperature=d.temperature)) * n
                 sums[1] += float(top1_agreement(p, q, mask)) * n
                 sums[2] += n
@@ -305,21 +315,22 @@ class DistillTrainer(RecipeTrainer):
         count = max(float(sums[2]), 1.0)
         return {"alpha_exact": float(sums[0]) / count, "top1": float(sums[1]) / count, "positions": float(sums[2])}
 
-    def evaluate_and_keep_best(self) -> dict[str, float]:
+    def evaluate_and_keep_best(self, trainer: RecipeTrainer) -> dict[str, float]:
         """Evaluate, log ``eval/alpha_exact`` and ``eval/top1``, and write ``best/`` when alpha_exact improved."""
-        acc = self.accelerator
-        result = self.evaluate_alpha()
-        self.alpha_history.append((self.step, result["alpha_exact"], result["top1"]))
-        acc.log({"eval/alpha_exact": result["alpha_exact"], "eval/top1": result["top1"]}, step=self.step)
-        logger.info("step %d: held-out alpha_exact %.4f, top-1 agreement %.4f", self.step, result["alpha_exact"],
+        acc = trainer.accelerator
+        result = self.evaluate_alpha(trainer)
+        self.alpha_history.append((trainer.step, result["alpha_exact"], result["top1"]))
+        acc.log({"eval/alpha_exact": result["alpha_exact"], "eval/top1": result["top1"]}, step=trainer.step)
+        logger.info("step %d: held-out alpha_exact %.4f, top-1 agreement %.4f", trainer.step, result["alpha_exact"],
                     result["top1"])
-        self.data_facts["last_alpha_exact"] = result["alpha_exact"]
-        self.data_facts["last_top1"] = result["top1"]
+        trainer.data_facts["last_alpha_exact"] = result["alpha_exact"]
+        trainer.data_facts["last_top1"] = result["top1"]
         if self.best_alpha is None or result["alpha_exact"] > self.best_alpha:
-            self.best_alpha, self.best_step = result["alpha_exact"], self.step
-            self._record_best_facts()
+            self.best_alpha, self.best_step = result["alpha_exact"], trainer.step
+            self._record_best_facts(trainer)
             if acc.is_main_process:
-                self.save_model(self.output_dir / BEST_DIR, metrics=self._best_metrics(), final=True)
+                self._save_draft(trainer, trainer.output_dir / BEST_DIR, metrics=self._best_metrics(), training={},
+                                 final=True)
             acc.wait_for_everyone()
         return result
 
@@ -327,10 +338,44 @@ class DistillTrainer(RecipeTrainer):
         return {"alpha_exact": self.best_alpha, "step": self.best_step,
                 "temperature": self.recipe.distill.temperature}
 
-    def _record_best_facts(self) -> None:
-        self.data_facts["best_alpha_exact"] = self.best_alpha
+    def _record_best_facts(self, trainer: RecipeTrainer) -> None:
+        trainer.data_facts["best_alpha_exact"] = self.best_alpha
         if self.best_step is not None:
-            self.data_facts["best_step"] = int(self.best_step)
+            trainer.data_facts["best_step"] = int(self.best_step)
+
+
+class DistillTrainer(RecipeTrainer):
+    """:class:`~specgraft.train.trainer.RecipeTrainer` with a :class:`DistillTrainStep`: distil a standalone draft
+    model from a recipe (see the module docstring).
+
+    Args:
+        recipe, resume, target, dataset, show_progress: as for :class:`~specgraft.train.trainer.RecipeTrainer`.
+        eval_dataset, objective: as for :class:`DistillTrainStep`.
+    """
+
+    #: The recipe schema this trainer runs (the CLI reads recipes with it).
+    recipe_schema = DistillRecipe
+
+    def __init__(self, recipe: DistillRecipe, resume: bool = False, target: Target | None = None, dataset: Any = None,
+                 show_progress: bool = True, eval_dataset: Any = None, objective: str = OBJECTIVE_DISTILL) -> None:
+        super().__init__(recipe, DistillTrainStep(recipe, eval_dataset=eval_dataset, objective=objective),
+                         resume=resume, target=target, dataset=dataset, show_progress=show_progress)
+
+    @property
+    def student(self) -> nn.Module:
+        return self.train_step.student(self)
+
+    @property
+    def best_alpha(self) -> float | None:
+        return self.train_step.best_alpha
+
+    @property
+    def alpha_history(self) -> list[tuple[int, float, float]]:
+        return self.train_step.alpha_history
+
+    def evaluate_alpha(self) -> dict[str, float]:
+        """Held-out alpha_exact and top-1 agreement of the student now (see :meth:`DistillTrainStep.evaluate_alpha`)."""
+        return self.train_step.evaluate_alpha(self)
 
 
 def load_weights(model: nn.Module, folder: Path) -> None:

@@ -98,10 +98,10 @@ def _check_positive(name: str, value: int | None) -> None:
         raise SpecgraftError(f"{name} must be a positive integer, got {value}")
 
 
-def build_drafter(args: argparse.Namespace, target: Any, dtype: Any, device: str) -> tuple[Any, dict[str, Any]]:
-    """The drafter named by the arguments and what report.json records about it."""
-    from specgraft.eval.drafters import DraftModelDrafter, RandomDrafter, SelfDrafter
-
+def build_drafter(args: argparse.Namespace, target: Any, dtype: Any, device: str
+                  ) -> tuple[Any, dict[str, Any], Any]:
+    """(the drafter named by the arguments, what report.json records about it, the target to decode with: the
+    head's own for a head, which for Medusa-2 is a copy of ``target`` with the trained adapter merged)."""
     _check_positive("--k", args.k)
     _check_positive("--tree-size", args.tree_size)
     _check_positive("--eagle-top-k", args.eagle_top_k)
@@ -109,6 +109,14 @@ def build_drafter(args: argparse.Namespace, target: Any, dtype: Any, device: str
         raise SpecgraftError(f"--branching values must be >= 1, got {args.branching}")
     if args.head is not None:
         return _head_drafter(args, target)
+    drafter, info = _model_drafter(args, target, dtype, device)
+    return drafter, info, target
+
+
+def _model_drafter(args: argparse.Namespace, target: Any, dtype: Any, device: str) -> tuple[Any, dict[str, Any]]:
+    """A drafter that is not a head: a draft model, the target itself, or random tokens."""
+    from specgraft.eval.drafters import DraftModelDrafter, RandomDrafter, SelfDrafter
+
     if args.tree_size is not None or args.eagle_top_k is not None:
         raise SpecgraftError("--tree-size and --eagle-top-k apply to --head drafters; for --draft/self trees use "
                              "--mode tree --branching 2,2")
@@ -171,7 +179,7 @@ def head_family(head_dir: str | Path) -> Any:
     return get_family(read_head_config(head_dir)["head_type"])
 
 
-def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str, Any]]:
+def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str, Any], Any]:
     from specgraft.heads.base import load_head
 
     if args.branching is not None:
@@ -191,13 +199,13 @@ def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str,
         drafter = family.drafter(head, setting)
         info = drafter_info(tuned_kind, family.name, str(args.head), setting, source)
         info["tree_size"] = family.describe_drafter(drafter)["tree_size"]
-        return drafter, info
+        return drafter, info, head.target
     setting = family.setting_from_flags(mode=args.mode, k=args.k, tree_size=args.tree_size, top_k=args.eagle_top_k)
     drafter = family.drafter(head, setting)
     info: dict[str, Any] = {"type": family.name, "path": str(args.head), "mode": setting["mode"],
                             "setting_source": "flags" if explicit else "defaults"}
     info.update(family.describe_drafter(drafter))
-    return drafter, info
+    return drafter, info, head.target
 
 
 
@@ -223,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     from specgraft.target import load_target
 
     target = load_target(args.target, dtype=dtype, device=device)
-    drafter, info = build_drafter(args, target, dtype, device)
+    drafter, info, target = build_drafter(args, target, dtype, device)
     logger.info("evaluating %s drafter (%s) on %d prompts from %d file(s)", info["type"], info["mode"], len(prompts),
                 len(args.prompts))
     with output_lock(args.out, "an eval report"):

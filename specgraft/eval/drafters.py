@@ -22,7 +22,7 @@ import torch
 from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.eval import kv
 from specgraft.eval.drafter import DraftContext, Drafter
-from specgraft.eval.tree import DraftTree
+from specgraft.eval.tree import DraftTree, level_visibility, strict_ancestors
 from specgraft.eval.verify import process_logits
 
 #: Sibling modes for tree drafting under sampling.
@@ -149,14 +149,8 @@ class DraftModelDrafter(Drafter):
             # Feed this level (all nodes at position L-1+d) with a tree mask to get their children's logits.
             qpos = torch.full((len(level),), length - 1 + d, dtype=torch.long, device=device)
             key_pos = torch.cat([torch.tensor(slot_positions, dtype=torch.long, device=device), qpos])
-            visible = torch.zeros(len(level), past + len(level), dtype=torch.bool)
-            visible[:, :length] = True
-            for row, node in enumerate(level):
-                anc = parents[node]
-                while anc >= 0:
-                    visible[row, self._node_slots[anc]] = True
-                    anc = parents[anc]
-                visible[row, past + row] = True
+            visible = level_visibility(length, past, [[self._node_slots[a] for a in strict_ancestors(parents, node)]
+                                                      for node in level])  # [m, past + m]
             out = kv.masked_forward(self.model, self.layout, self._cache,
                                     torch.tensor([[tokens[i] for i in level]], device=device), qpos, key_pos, visible)
             for row, node in enumerate(level):

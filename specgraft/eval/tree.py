@@ -69,11 +69,7 @@ class TreeStructure:
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's child down to ``node`` (inclusive); [] for ``node == -1``."""
-        path = []
-        while node >= 0:
-            path.append(node)
-            node = self.parents[node]
-        return path[::-1]
+        return [*strict_ancestors(self.parents, node)[::-1], node] if node >= 0 else []
 
     def _cached(self, name: str, device: torch.device | str | None, build) -> torch.Tensor:
         device = torch.device(device if device is not None else "cpu")
@@ -125,10 +121,8 @@ class TreeStructure:
     def additive_block(self, dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:
         """[n+1, n+1] additive mask among the verification rows: 0 where :meth:`tree_visibility`, else the
         dtype's minimum (the cached part of the tree mask; the prefix columns are all 0)."""
-        def build() -> torch.Tensor:
-            block = torch.zeros(self.size + 1, self.size + 1, dtype=dtype)
-            return block.masked_fill_(~self.tree_visibility(), torch.finfo(dtype).min)
-        return self._cached(f"additive_block_{dtype}", device, build)
+        return self._cached(f"additive_block_{dtype}", device,
+                            lambda: additive_from_visible(self.tree_visibility(), dtype))
 
     def first_children(self, device: torch.device | str | None = None) -> torch.Tensor:
         """[n+1] int64 first child of each row (0 for rows without children: callers mask those rows)."""
@@ -144,6 +138,40 @@ class TreeStructure:
                     out[row, : len(kids)] = torch.tensor(kids, dtype=torch.long)
             return out
         return self._cached("children_index", device, build)
+
+
+def strict_ancestors(parents: Sequence[int], node: int) -> list[int]:
+    """The ancestors of ``node`` (its parent first, up to a root child; the root, -1, is not listed), given each
+    node's parent index (-1 for the root)."""
+    chain = []
+    node = parents[node] if node >= 0 else -1
+    while node >= 0:
+        chain.append(node)
+        node = parents[node]
+    return chain
+
+
+def level_visibility(committed: int, past: int, ancestor_slots: Sequence[Sequence[int]],
+                     device: torch.device | str | None = None) -> torch.Tensor:
+    """[m, past + m] bool visibility of one tree level of ``m`` nodes fed after ``past`` cached slots: row ``r``
+    sees the ``committed`` leading slots (the accepted context), the cache slots ``ancestor_slots[r]`` of its
+    ancestors fed at earlier levels, and itself (slot ``past + r``). The per-level mask of drafters that grow a
+    tree level by level in their own KV cache (EAGLE, a draft model's tree)."""
+    m = len(ancestor_slots)
+    visible = torch.zeros(m, past + m, dtype=torch.bool, device=device)
+    visible[:, :committed] = True
+    for row, slots in enumerate(ancestor_slots):
+        if len(slots):
+            visible[row, list(slots)] = True
+        visible[row, past + row] = True
+    return visible
+
+
+def additive_from_visible(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool visibility of any shape -> the additive float mask of the same shape: 0 where visible, the dtype's
+    minimum elsewhere (what attention adds to its scores)."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min)
 
 
 @functools.lru_cache(maxsize=512)
@@ -336,9 +364,7 @@ def additive_mask(
     if sliding_window is not None:
         dist = query_positions.view(-1, 1) - key_positions.view(1, -1)  # [q, kv]
         vis = vis & (dist < sliding_window)
-    mask = torch.zeros(vis.shape, dtype=dtype, device=query_positions.device)
-    mask.masked_fill_(~vis, torch.finfo(dtype).min)
-    return mask.view(1, 1, *vis.shape)
+    return additive_from_visible(vis, dtype).view(1, 1, *vis.shape)
 
 
 def tree_attention_mask(

@@ -528,6 +528,7 @@ def run(args: argparse.Namespace) -> int:
         from specgraft.heads.base import load_head
 
         source = load_head(target, args.head)
+        target = source.target  # the head's own (Medusa-2: with its adapter merged)
         head_type = source.head_type
         kind = kind_of(head_type)
         from specgraft.heads.registry import family_of

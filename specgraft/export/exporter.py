@@ -14,7 +14,6 @@ heads therefore get a name that says what they are: ``--out runs/llama`` becomes
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import shutil
@@ -44,10 +43,13 @@ from specgraft.heads.base import (
     HEAD_WEIGHTS_NAME,
     RECIPE_NAME,
     DraftHead,
-    head_class,
+    HeadWeightsMismatch,
+    head_config_from_dict,
+    load_checked_state,
     load_head,
     read_head_config,
     read_head_weights,
+    rebuild_head,
 )
 from specgraft.target import Target, TargetIdentity
 from specgraft.utils.io import atomic_path, read_json_meta
@@ -164,32 +166,23 @@ def _check_destination(out: Path, head_dir: Path, overwrite: bool) -> None:
 
 
 def read_head_state(head_dir: Path, meta: dict[str, Any], info: TargetInfo) -> dict[str, torch.Tensor]:
-    """``head.safetensors`` checked against a head of the same config built on the target's skeleton: every
-    tensor present, none extra, right shapes."""
-    cls = head_class(meta["head_type"])
-    try:
-        config = cls.Config(**meta["config"]) if dataclasses.is_dataclass(cls.Config) else meta["config"]
-    except TypeError as exc:
-        raise SpecgraftError(f"{head_dir}/{HEAD_CONFIG_NAME} has an invalid {meta['head_type']} config ({exc}); "
-                             "re-save the head") from None
-    skeleton = cls(config, info.skeleton)
-    want = skeleton.state_dict()
+    """``head.safetensors``, rebuilt into a head of the same config on the target's skeleton
+    (:func:`~specgraft.heads.base.rebuild_head`: every tensor present, none extra, right shapes) and finite."""
     weights = head_dir / HEAD_WEIGHTS_NAME
     state = read_head_weights(head_dir)
-    missing = sorted(set(want) - set(state))
-    unexpected = sorted(set(state) - set(want))
-    if missing:
-        raise SpecgraftError(f"head checkpoint {weights} is missing tensors {missing[:6]}; it is incomplete or "
-                             "truncated, re-save the head (or re-run training)")
-    if unexpected:
-        raise SpecgraftError(f"head checkpoint {weights} has unexpected tensors {unexpected[:6]} for a "
-                             f"{meta['head_type']} head of this config; its {HEAD_CONFIG_NAME} was edited or belongs "
-                             "to another head")
-    for name, tensor in want.items():
-        if tuple(state[name].shape) != tuple(tensor.shape):
-            raise SpecgraftError(f"head checkpoint {weights}: tensor {name} has shape {tuple(state[name].shape)}, "
-                                 f"expected {tuple(tensor.shape)}; the head config and weights disagree")
-        if state[name].is_floating_point() and not bool(torch.isfinite(state[name]).all()):
+    try:
+        rebuild_head(info.skeleton, meta["head_type"], meta["config"], state, str(weights), load=False)
+    except HeadWeightsMismatch as exc:
+        if exc.missing:
+            raise SpecgraftError(f"head checkpoint {weights} is missing tensors {exc.missing[:6]}; it is incomplete "
+                                 "or truncated, re-save the head (or re-run training)") from None
+        if exc.unexpected:
+            raise SpecgraftError(f"head checkpoint {weights} has unexpected tensors {exc.unexpected[:6]} for a "
+                                 f"{meta['head_type']} head of this config; its {HEAD_CONFIG_NAME} was edited or "
+                                 "belongs to another head") from None
+        raise
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise SpecgraftError(f"head checkpoint {weights}: tensor {name} holds NaN or infinite values (training "
                                  "diverged); export an earlier checkpoint or retrain with a lower learning rate")
     return state
@@ -528,17 +521,20 @@ def load_export(path: str | Path, target: Target) -> DraftHead:
             raise SpecgraftError(f"{path} lacks {file.name}; the export is incomplete, re-export the head")
     engine_config = json.loads(config_file.read_text(encoding="utf-8"))
     _check_engine_config(engine_config, head_type, fmt, target)
-    cls = head_class(head_type)
-    head = cls(cls.Config(**meta["config"]), target)
-    want = head.state_dict()
+    # Built first (the engine reader needs the tensors it must produce), then loaded as rebuild_head loads.
+    cls, config = head_config_from_dict(head_type, meta["config"], f"{path}/{EXPORT_META_NAME}")
+    head = cls(config, target)
     tensors = load_file(str(weights))
     lm_head = target.output_head.weight.detach().cpu()  # for families that borrow it (Medusa's shared lm_head)
-    state = from_engine(head_type, fmt, tensors, engine_config, meta["config"], want, lm_head)
-    bad = [k for k in want if tuple(state[k].shape) != tuple(want[k].shape)]
-    if bad:
-        raise SpecgraftError(f"{weights}: tensor for {bad[0]} has shape {tuple(state[bad[0]].shape)}, expected "
-                             f"{tuple(want[bad[0]].shape)}; the export was made for another head")
-    head.load_state_dict(state, strict=True)
+    state = from_engine(head_type, fmt, tensors, engine_config, meta["config"], head.state_dict(), lm_head)
+    try:
+        load_checked_state(head, state, str(weights))
+    except HeadWeightsMismatch as exc:
+        if exc.bad_shape is None:
+            raise
+        found, expected = exc.shapes
+        raise SpecgraftError(f"{weights}: tensor for {exc.bad_shape} has shape {found}, expected {expected}; the "
+                             "export was made for another head") from None
     head.to(device=target.device)
     return head
 

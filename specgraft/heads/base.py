@@ -193,56 +193,125 @@ def read_head_weights(path: str | Path) -> dict[str, torch.Tensor]:
                              "the file is truncated or corrupt, re-save the head") from None
 
 
-def load_head(target: Target, path: str | Path) -> DraftHead:
-    """Rebuild the head saved in ``path`` onto ``target``: registry lookup, identity check, strict weights."""
-    path = Path(path)
-    meta = read_head_config(path)
-    TargetIdentity.from_dict(meta["target"]).require_compatible(target.identity, what=f"{meta['head_type']} head")
-    cls = head_class(meta["head_type"])
-    config_fields = {f.name for f in dataclasses.fields(cls.Config)} if dataclasses.is_dataclass(cls.Config) else None
-    raw_cfg = meta["config"]
-    if config_fields is not None:
-        unknown = set(raw_cfg) - config_fields
-        if unknown:
-            raise SpecgraftError(f"{path}/{HEAD_CONFIG_NAME} has unknown {cls.head_type} fields {sorted(unknown)}; "
-                                 "it was written by a newer specgraft, upgrade specgraft")
-        config = cls.Config(**raw_cfg)
-    else:
-        config = raw_cfg
-    head = cls(config, target)
-    weights = path / HEAD_WEIGHTS_NAME
-    state = read_head_weights(path)
+class HeadWeightsMismatch(SpecgraftError):
+    """A head's weights do not fit a head of its config: tensors missing, unexpected, or of another shape."""
+
+    def __init__(self, message: str, missing: list[str], unexpected: list[str], bad_shape: str | None,
+                 shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> None:
+        super().__init__(message)
+        self.missing, self.unexpected, self.bad_shape = missing, unexpected, bad_shape
+        #: (found, expected) shape of ``bad_shape``.
+        self.shapes = shapes
+
+
+def head_config_from_dict(head_type: str, raw_config: dict[str, Any], where: str) -> tuple[type[DraftHead], Any]:
+    """(the registered class of ``head_type``, its typed config from the saved dict); refuses fields this version
+    does not know (written by a newer specgraft) and values the config cannot take."""
+    cls = head_class(head_type)
+    if not dataclasses.is_dataclass(cls.Config):
+        return cls, raw_config
+    unknown = set(raw_config) - {f.name for f in dataclasses.fields(cls.Config)}
+    if unknown:
+        raise SpecgraftError(f"{where} has unknown {cls.head_type} fields {sorted(unknown)}; it was written by a "
+                             "newer specgraft, upgrade specgraft")
+    try:
+        return cls, cls.Config(**raw_config)
+    except TypeError as exc:
+        raise SpecgraftError(f"{where} has an invalid {head_type} config ({exc}); re-save the head") from None
+
+
+def load_checked_state(head: DraftHead, state: dict[str, torch.Tensor], where: str) -> None:
+    """Load ``state`` into ``head`` after :func:`check_head_state`."""
+    check_head_state(head, state, where)
+    head.load_state_dict(state, strict=True)
+
+
+def check_head_state(head: DraftHead, state: dict[str, torch.Tensor], where: str) -> None:
+    """Check that ``state`` holds exactly ``head``'s tensors with their shapes (raises :class:`HeadWeightsMismatch`
+    naming the first differences)."""
     expected = head.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise SpecgraftError(f"{weights} does not match a {cls.head_type} head with this config "
-                             f"(missing {missing[:5]}, unexpected {unexpected[:5]}); the checkpoint is incomplete "
-                             "or its head_config.json was edited")
-    bad_shapes = [k for k in expected if tuple(expected[k].shape) != tuple(state[k].shape)]
-    if bad_shapes:
-        k = bad_shapes[0]
-        raise SpecgraftError(f"{weights}: tensor {k} has shape {tuple(state[k].shape)}, expected "
-                             f"{tuple(expected[k].shape)}; the head config and weights disagree")
-    head.load_state_dict(state, strict=True)
-    head.to(device=target.device)
-    if (path / ADAPTER_DIR).is_dir():
-        _merge_adapter(target, path / ADAPTER_DIR)
+        raise HeadWeightsMismatch(f"{where} does not match a {head.head_type} head with this config "
+                                  f"(missing {missing[:5]}, unexpected {unexpected[:5]}); the checkpoint is "
+                                  "incomplete or its head_config.json was edited", missing, unexpected, None)
+    for name, tensor in expected.items():
+        if tuple(tensor.shape) != tuple(state[name].shape):
+            found, want = tuple(state[name].shape), tuple(tensor.shape)
+            raise HeadWeightsMismatch(f"{where}: tensor {name} has shape {found}, expected {want}; the head config "
+                                      "and weights disagree", [], [], name, (found, want))
+
+
+def rebuild_head(target: Target, head_type: str, raw_config: dict[str, Any], state: dict[str, torch.Tensor],
+                 where: str, load: bool = True) -> DraftHead:
+    """THE way a saved head comes back (``load_head``, the exporter's reader, ``--resume`` through
+    :func:`load_checked_state`): the registered class of ``head_type`` with its typed config, built on ``target``,
+    holding exactly ``state`` (:func:`check_head_state`). ``where`` names the source in errors. ``load=False`` only
+    checks: the exporter's target skeleton lives on the meta device, where there is nothing to load into."""
+    cls, config = head_config_from_dict(head_type, raw_config, where)
+    head = cls(config, target)
+    if load:
+        load_checked_state(head, state, where)
+    else:
+        check_head_state(head, state, where)
     return head
 
 
-def _merge_adapter(target: Target, adapter_path: Path) -> None:
-    """Medusa-2: the heads were trained with a LoRA adapter on the target; merge it so the target serves as
-    trained (the merged model is what decoding and export must use)."""
+def load_head(target: Target, path: str | Path) -> DraftHead:
+    """Rebuild the head saved in ``path`` onto ``target``: registry lookup, identity check, strict weights.
+
+    A Medusa-2 head (an ``adapter/`` folder beside the weights) is built on a copy of ``target`` with its LoRA
+    adapter merged, which the returned head's :attr:`~DraftHead.target` holds: decode with ``head.target``. The
+    caller's ``target`` is left as it was."""
+    path = Path(path)
+    meta = read_head_config(path)
+    TargetIdentity.from_dict(meta["target"]).require_compatible(target.identity, what=f"{meta['head_type']} head")
+    head_config_from_dict(meta["head_type"], meta["config"], f"{path}/{HEAD_CONFIG_NAME}")  # before reading weights
+    state = read_head_weights(path)
+    if (path / ADAPTER_DIR).is_dir():
+        target = merged_target(target, path / ADAPTER_DIR)
+    head = rebuild_head(target, meta["head_type"], meta["config"], state, str(path / HEAD_WEIGHTS_NAME))
+    head.to(device=target.device)
+    return head
+
+
+def merged_target(target: Target, adapter_path: Path) -> Target:
+    """Medusa-2: the heads were trained with a LoRA adapter on the target, so they draft for the ADAPTED target
+    (the model decoding and export must use). Returns a new frozen :class:`Target` whose model is a copy of
+    ``target``'s with the adapter merged (peft ``merge_and_unload``); ``target`` itself is not changed."""
+    import copy
     import logging
 
     from peft import PeftModel
 
-    peft_model = PeftModel.from_pretrained(target.model, str(adapter_path))
-    target.model = peft_model.merge_and_unload()
-    target.model.requires_grad_(False)
-    target.model.eval()
-    logging.getLogger(__name__).info("merged the LoRA adapter %s into the target", adapter_path)
+    peft_model = PeftModel.from_pretrained(copy.deepcopy(target.model), str(adapter_path))
+    merged = Target(peft_model.merge_and_unload(), target.tokenizer, name_or_path=target.name_or_path,
+                    source=target.identity.source)
+    logging.getLogger(__name__).info("merged the LoRA adapter %s into a copy of the target", adapter_path)
+    return merged
+
+
+#: The adapter's weights inside ``adapter/`` (peft's own file name).
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+
+
+def save_adapter(peft_model: nn.Module, head_dir: Path) -> None:
+    """Write Medusa-2's LoRA adapter (peft format) into ``head_dir/adapter``."""
+    peft_model.save_pretrained(str(Path(head_dir) / ADAPTER_DIR), safe_serialization=True)
+
+
+def load_adapter_state(peft_model: nn.Module, head_dir: Path) -> None:
+    """Load the adapter :func:`save_adapter` wrote into the (already wrapped) ``peft_model``, e.g. on resume."""
+    from peft import set_peft_model_state_dict
+
+    set_peft_model_state_dict(peft_model, load_file(str(Path(head_dir) / ADAPTER_DIR / ADAPTER_WEIGHTS_NAME)))
+
+
+def load_head_weights(head: DraftHead, head_dir: Path) -> None:
+    """Load a head folder's weights into the already built ``head`` (``--resume``: the optimizer holds its
+    parameters), checked as :func:`rebuild_head` checks them."""
+    load_checked_state(head, read_head_weights(head_dir), str(Path(head_dir) / HEAD_WEIGHTS_NAME))
 
 
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:

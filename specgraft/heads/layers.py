@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgraft.errors import SpecgraftError
+from specgraft.eval.tree import additive_from_visible
 from specgraft.target import Target
 
 #: Name of the attention function registered with transformers' AttentionInterface for EAGLE-3 drafts.
@@ -134,9 +135,7 @@ def causal_additive_mask(
     if key_valid is not None:
         eye = torch.eye(length, dtype=torch.bool, device=device)[None]
         allowed = (allowed & key_valid.bool()[:, None, :]) | eye  # [B, T, T]
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[:, None]
+    return additive_from_visible(allowed, dtype)[:, None]
 
 
 # -- attention ---------------------------------------------------------------------------------------------------

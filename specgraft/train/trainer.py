@@ -8,7 +8,6 @@ data position). Only the main process writes files.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import hashlib
@@ -34,20 +33,13 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from specgraft.config import Recipe, save_recipe, to_dict
+from specgraft.config import DistillRecipe, Recipe, save_recipe, to_dict
+from specgraft.data.collate import pad_token_id
 from specgraft.errors import SpecgraftError
-from specgraft.heads.base import (
-    ADAPTER_DIR,
-    HEAD_WEIGHTS_NAME,
-    RECIPE_NAME,
-    DraftHead,
-    HeadLoss,
-    head_class,
-    trainable_parameters,
-)
-from specgraft.heads.registry import get_family
-from specgraft.target import Target, TargetOutput, target_from_config
+from specgraft.heads.base import RECIPE_NAME, DraftHead
+from specgraft.target import Target, target_from_config
 from specgraft.train import checkpoint as ckpt
+from specgraft.train.step import HeadTrainStep, TrainStep
 from specgraft.utils.io import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -60,15 +52,29 @@ RESUMABLE_CHANGES = ("training.max_steps", "training.checkpoint_every", "trainin
                      "training.log_every", "training.eval_every", "output", "tracking", "description")
 
 
-def recipe_fingerprint(recipe: Recipe) -> str:
+#: Recipe fields added after checkpoints were first written, with the value every earlier run had implicitly: at
+#: that value they are left out of the fingerprint, so a checkpoint written before the field existed still resumes.
+FIELDS_ADDED_LATER = {"lora.learning_rate_divisor": 4.0, "training.train_metrics_batches": 16,
+                      "distill.alpha_eval_train_rows": 32, "distill.alpha_eval_max_rows": 512}
+_ALWAYS = object()  # drop(): remove the field whatever its value
+
+
+def recipe_fingerprint(recipe: Recipe | DistillRecipe) -> str:
     """Hash of the parts of a recipe that determine the training trajectory."""
     data = to_dict(recipe)
-    for dotted in RESUMABLE_CHANGES:
+
+    def drop(dotted: str, when_equal_to: Any = _ALWAYS) -> None:
         node = data
         *parents, leaf = dotted.split(".")
         for p in parents:
-            node = node[p]
-        node.pop(leaf, None)
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node and (when_equal_to is _ALWAYS or node[leaf] == when_equal_to):
+            del node[leaf]
+
+    for dotted in RESUMABLE_CHANGES:
+        drop(dotted)
+    for dotted, earlier_value in FIELDS_ADDED_LATER.items():
+        drop(dotted, earlier_value)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -109,11 +115,9 @@ def make_adamw(groups: list[dict[str, Any]], tr: Any) -> torch.optim.Optimizer:
 
 
 class RecipeTrainer:
-    """The shared training loop (accelerate, data, AdamW + schedule, checkpoints, exact resume, logging).
-
-    Subclasses say what is trained through four hooks: :meth:`build_model` (the module whose ``forward(batch,
-    step, num_items=None)`` returns a :class:`~specgraft.heads.base.HeadLoss`, plus optimizer parameter groups),
-    :meth:`save_model`, :meth:`load_model_state` and optionally :meth:`on_optimizer_step`.
+    """The one training loop (accelerate, data, AdamW + schedule, checkpoints, exact resume, logging); what it
+    trains is the job's :class:`~specgraft.train.step.TrainStep` (head training: :class:`HeadTrainStep`;
+    distillation: :class:`~specgraft.distill.trainer.DistillTrainStep`).
 
     Token weighting: an optimiser step is ``training.gradient_accumulation_steps`` micro-batches on each process
     (also across an epoch's end). When the step module has ``prepare(batch, step) -> (batch, counts)`` returning
@@ -125,13 +129,14 @@ class RecipeTrainer:
 
     Usage (one lifecycle per job)::
 
-        trainer = HeadTrainer(recipe, resume=False)
+        trainer = RecipeTrainer(recipe, HeadTrainStep(recipe))   # or HeadTrainer(recipe)
         trainer.setup()
         summary = trainer.train()
         trainer.cleanup()
 
     Args:
         recipe: the resolved recipe.
+        train_step: what is trained (built, saved, loaded and finalised by it).
         resume: continue from the newest good checkpoint in ``recipe.output.dir``.
         target: an already loaded target (tests, demo); loaded from ``recipe.model`` when None.
         dataset: an already tokenised dataset with input_ids/attention_mask/loss_mask; built from
@@ -139,46 +144,44 @@ class RecipeTrainer:
         show_progress: draw a progress bar on the main process.
     """
 
-    #: Progress-bar label.
-    label = "train"
-    #: Folder (inside output.dir) of the final result.
-    final_dir = "head"
-    #: Extra DDP setting for modules with parameters unused in some steps.
-    find_unused_parameters = False
-
-    # -- hooks -----------------------------------------------------------------------------------------------
-    def build_model(self, target: Target) -> tuple[torch.nn.Module, list[dict[str, Any]]]:
-        raise NotImplementedError
-
-    def save_model(self, folder: Path, extra: dict[str, Any] | None = None) -> None:
-        raise NotImplementedError
-
-    def load_model_state(self, folder: Path) -> None:
-        raise NotImplementedError
-
-    def on_optimizer_step(self) -> None:
-        """Called on every process after each optimizer step (e.g. periodic evaluation)."""
-
-    def __init__(self, recipe: Recipe, resume: bool = False, target: Target | None = None,
-                 dataset: Any = None, show_progress: bool = True) -> None:
+    def __init__(self, recipe: Recipe | DistillRecipe, train_step: TrainStep, resume: bool = False,
+                 target: Target | None = None, dataset: Any = None, show_progress: bool = True) -> None:
         self.recipe = recipe
+        self.train_step = train_step
+        self.final_dir = train_step.final_dir
         self.resume = resume
         self.target = target
         self.dataset = dataset
+        #: Held-out rows of ``recipe.data`` (its eval split; None when the dataset was given or has none).
+        self.eval_dataset: Any = None
         self.show_progress = show_progress
         self.output_dir = Path(recipe.output.dir)
+        self.fingerprint = recipe_fingerprint(recipe)
         self.step = 0
         self.micro_step = 0
         self.tokens_seen = 0
         self.accelerator: Accelerator | None = None
+        # Made by setup(): the (accelerate-prepared) step module, optimizer, data loader and the hand-stepped
+        # scheduler.
+        self.step_module: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
+        self.loader: Any = None
+        self.batches_per_epoch = 0
+        #: Facts about the data and the model (logged, and copied into the summary).
         self.data_facts: dict[str, Any] = {}
         #: Whether the step module was found not to count its loss items (warned once; see _prepare_step).
         self.warned_no_item_counts = False
+
+    def build_model(self, target: Target) -> tuple[torch.nn.Module, list[dict[str, Any]]]:
+        """The job step's module and optimizer groups (what setup() trains; exposed for tests)."""
+        return self.train_step.build(self, target)
 
     # -- setup -----------------------------------------------------------------------------------------------
     def setup(self) -> None:
         r = self.recipe
         tr = r.training
+        self.train_step.check(self)
         self._check_output_dir()
         tracker = None if r.tracking.backend == "none" else r.tracking.backend
         _require_tracker_package(tracker)
@@ -198,7 +201,8 @@ class RecipeTrainer:
             project_dir=str(self.output_dir),
             dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
             # Medusa-2's adapter is unused during the heads' warm-up.
-            kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=self.find_unused_parameters)],
+            kwargs_handlers=[DistributedDataParallelKwargs(
+                find_unused_parameters=self.train_step.find_unused_parameters)],
         )
         acc = self.accelerator
         set_seed(tr.seed)
@@ -223,13 +227,11 @@ class RecipeTrainer:
             splits = build_dataset(r.data, target.tokenizer, model=target.model if r.data.regenerate else None)
             self.dataset = splits["train"]
             self.eval_dataset = splits.get("eval") if hasattr(splits, "get") else None
-        else:
-            self.eval_dataset = None
         if len(self.dataset) == 0:
             raise SpecgraftError(f"the training data {r.data.path} is empty after filtering; check data.path and "
                                  "that conversations have assistant turns")
 
-        step_module, groups = self.build_model(target)
+        step_module, groups = self.train_step.build(self, target)
         step_module.to(acc.device)
         collate = None
         if tr.features == "offline":
@@ -241,8 +243,7 @@ class RecipeTrainer:
         )
         from specgraft.data import pad_collate
 
-        pad_id = target.tokenizer.pad_token_id if target.tokenizer is not None else None
-        pad_id = 0 if pad_id is None else pad_id
+        pad_id = pad_token_id(target.tokenizer)
         if collate is None:
             def collate(feats):
                 return pad_collate(feats, pad_id)
@@ -267,7 +268,6 @@ class RecipeTrainer:
 
     def _check_output_dir(self) -> None:
         out = self.output_dir
-        self.fingerprint = recipe_fingerprint(self.recipe)
         if self.resume:
             # Refuse a checkpoint of another recipe before loading anything heavy.
             folder = ckpt.latest_good_checkpoint(out)
@@ -313,10 +313,6 @@ class RecipeTrainer:
             return False  # not a recipe we wrote: the user's file, keep refusing
         return Path(written.output.dir).resolve() == out.resolve()
 
-    def feature_layers(self) -> tuple[tuple[int, ...], bool]:
-        """(target layers the model reads, whether it needs the target's logits) for an offline feature cache."""
-        raise SpecgraftError(f"{type(self).__name__} does not support training.features=offline; use online")
-
     def _use_offline_features(self, target: Target):
         """Build (main process, resumable) or open the feature cache and train from it."""
         from specgraft.train.features import (
@@ -328,7 +324,10 @@ class RecipeTrainer:
         )
 
         tr = self.recipe.training
-        layers, needs_logits = self.feature_layers()
+        wanted = self.train_step.feature_layers()
+        if wanted is None:
+            raise SpecgraftError(f"{type(self).__name__} does not support training.features=offline; use online")
+        layers, needs_logits = wanted
         stored = cache_layers(layers, needs_logits, target.num_layers)
         cache_dir = Path(tr.feature_cache_dir or self.output_dir / "features")
         with self.accelerator.main_process_first():
@@ -344,21 +343,6 @@ class RecipeTrainer:
                     info.bytes_per_token, info.eagle1_bytes_per_token)
         self.dataset = CachedFeatureDataset(self.dataset, cache)
         return collate_with_features
-
-    def token_counts(self, vocab_size: int, heldout_every: int = 0) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Counts [V] of the loss tokens in the training data, without every ``heldout_every``-th row, and the
-        counts [V] of those held-out rows (None when none is held out; see draft_vocab.heldout_rows)."""
-        try:
-            from specgraft.data import token_frequencies
-        except ImportError:
-            return None, None
-        from specgraft.heads.draft_vocab import heldout_rows
-
-        counted, held = heldout_rows(len(self.dataset), heldout_every)
-        if not held:
-            return token_frequencies(self.dataset, vocab_size, only_loss_tokens=True), None
-        return (token_frequencies(self.dataset.select(counted), vocab_size, only_loss_tokens=True),
-                token_frequencies(self.dataset.select(held), vocab_size, only_loss_tokens=True))
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def unwrapped_head(self) -> DraftHead | None:
@@ -388,7 +372,7 @@ class RecipeTrainer:
             return None
 
         def write_payload(folder: Path) -> None:
-            self.save_model(folder / "model")
+            self.train_step.save(self, folder / "model")
             if staging is not None:
                 os.replace(staging, folder / DEEPSPEED_DIR)
         state = {
@@ -424,7 +408,7 @@ class RecipeTrainer:
         if state.get("num_processes") != self.accelerator.num_processes:
             logger.warning("resuming a %s-process run with %s processes: the data order changes",
                            state.get("num_processes"), self.accelerator.num_processes)
-        self.load_model_state(folder / "model")
+        self.train_step.load(self, folder / "model")
         if not self.uses_deepspeed:
             self.optimizer.load_state_dict(optimizer_state)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -450,7 +434,7 @@ class RecipeTrainer:
         acc, tr = self.accelerator, self.recipe.training
         step_module = self.step_module
         step_module.train()
-        bar = tqdm(total=tr.max_steps, initial=self.step, desc=self.label, unit="step",
+        bar = tqdm(total=tr.max_steps, initial=self.step, desc=self.train_step.label, unit="step",
                    disable=not (self.show_progress and acc.is_local_main_process), dynamic_ncols=True)
         # Per optimizer step of the current log window: key -> this process's value (see _reduce_window).
         window: list[dict[str, torch.Tensor]] = []
@@ -517,7 +501,7 @@ class RecipeTrainer:
                 bar.set_postfix(loss=f"{logs['loss']:.3f}", tok_s=f"{logs['tokens_per_s']:.0f}")
                 window, window_start, log_tokens = [], time.perf_counter(), 0
             step_tokens = 0
-            self.on_optimizer_step()
+            self.train_step.after_optimizer_step(self)
             if self.step % tr.checkpoint_every == 0 or self.step == tr.max_steps:
                 last_good = self.save_checkpoint() or last_good
         bar.close()
@@ -532,7 +516,7 @@ class RecipeTrainer:
             "num_processes": acc.num_processes,
             **{k: v for k, v in self.data_facts.items() if isinstance(v, (int, float, str))},
         }
-        summary.update(self.before_final_save())
+        summary.update(self.train_step.finalize(self))
         self.save_final(summary)
         return summary
 
@@ -585,15 +569,11 @@ class RecipeTrainer:
         means = (values * has_key).sum(0) / has_key.sum(0).clamp_min(1.0)
         return {key: float(mean) for key, mean in zip(keys, means)}
 
-    def before_final_save(self) -> dict[str, Any]:
-        """Last measurements before the final model is written (facts returned go into the summary)."""
-        return {}
-
     def save_final(self, summary: dict[str, Any]) -> None:
         acc = self.accelerator
         acc.wait_for_everyone()
         if acc.is_main_process:
-            self.save_model(self.output_dir / self.final_dir, extra={"training": summary})
+            self.train_step.save(self, self.output_dir / self.final_dir, extra={"training": summary})
             atomic_write_json(self.output_dir / "train_summary.json", summary)
             logger.info("saved the result to %s", self.output_dir / self.final_dir)
         acc.wait_for_everyone()
@@ -604,141 +584,21 @@ class RecipeTrainer:
 
 
 class HeadTrainer(RecipeTrainer):
-    """Train a draft head (Medusa, EAGLE-1/2, EAGLE-3; Medusa-2 with ``lora.enabled``) from a recipe."""
+    """:class:`RecipeTrainer` with a :class:`~specgraft.train.step.HeadTrainStep`: train a draft head (Medusa,
+    EAGLE-1/2, EAGLE-3, DFlash; Medusa-2 with ``lora.enabled``) from a recipe."""
 
-    #: The recipe schema this trainer runs.
+    #: The recipe schema this trainer runs (the CLI reads recipes with it).
     recipe_schema = Recipe
 
-    final_dir = "head"
+    def __init__(self, recipe: Recipe, resume: bool = False, target: Target | None = None, dataset: Any = None,
+                 show_progress: bool = True) -> None:
+        super().__init__(recipe, HeadTrainStep(recipe), resume=resume, target=target, dataset=dataset,
+                         show_progress=show_progress)
 
     @property
-    def label(self) -> str:
-        return f"train {self.recipe.head.type}"
-
-    @property
-    def find_unused_parameters(self) -> bool:
-        return self.recipe.lora.enabled  # Medusa-2's adapter is unused during the heads' warm-up
-
-    def build_model(self, target: Target) -> tuple[torch.nn.Module, list[dict[str, Any]]]:
-        r, tr = self.recipe, self.recipe.training
-        cls = head_class(r.head.type)
-        head = cls.build(target, r.head.resolve(target))
-        self._built_head = head
-        counts, heldout = self.token_counts(target.vocab_size, getattr(r.head, "draft_vocab_heldout_every", 0))
-        self.data_facts = head.prepare_from_data(counts, heldout) or {}
-        for key, value in self.data_facts.items():
-            logger.info("%s: %s", key, value)
-        params = trainable_parameters(head)
-        if not params:
-            raise SpecgraftError(f"the {r.head.type} head has no trainable parameters; check the head recipe")
-        groups = [{"params": params, "lr": tr.learning_rate}]
-        self.peft_model = None
-        if r.lora.enabled:
-            lora_step = get_family(r.head.type).hooks.get("lora_step")
-            if lora_step is None:
-                raise SpecgraftError(f"lora (Medusa-2) needs head.type medusa, got {r.head.type}; "
-                                     "set lora.enabled=false or head.type=medusa")
-            step, self.peft_model = lora_step(head, target, r.lora)
-            lora_params = [p for p in self.peft_model.parameters() if p.requires_grad]
-            groups.append({"params": lora_params, "lr": r.lora.learning_rate or tr.learning_rate / 4})
-            return step, groups
-        return _TrainStep(head, target), groups
-
-    #: Held-out batches used to measure a Medusa head's per-position top-k accuracy (its static tree).
-    accuracy_batches = 16
-
-    def before_final_save(self) -> dict[str, Any]:
-        """The family's ``train_metrics`` hook (Medusa: each head's top-k accuracy, for its static tree) on held-out
-        data, or on training rows when there is no eval split."""
-        hook = get_family(self.recipe.head.type).hooks.get("train_metrics")
-        if hook is None:
-            return {}
-        source = self.eval_dataset if self.eval_dataset is not None and len(self.eval_dataset) else self.dataset
-        pad_id = self.target.tokenizer.pad_token_id if self.target.tokenizer is not None else None
-        loader = DataLoader(source.with_format("torch") if hasattr(source, "with_format") else source,
-                            batch_size=self.recipe.training.micro_batch_size,
-                            collate_fn=lambda feats: _collate_tokens(feats, pad_id))
-        return hook(self.head, self.target, loader, max_batches=self.accuracy_batches,
-                    measured_on="held-out" if source is self.eval_dataset else "training")
-
-    def feature_layers(self) -> tuple[tuple[int, ...], bool]:
-        head = self._built_head
-        return tuple(head.required_layers()), type(head).needs_target_logits
-
-    @property
-    def head(self) -> DraftHead:
-        return self.unwrapped().head
-
-    def save_model(self, folder: Path, extra: dict[str, Any] | None = None) -> None:
-        """The head (and Medusa-2's LoRA adapter, in peft format, in ``adapter/``) into ``folder``."""
-        self.head.save_pretrained(folder, recipe=self.recipe, extra=extra)
-        if self.peft_model is not None:
-            self.peft_model.save_pretrained(str(folder / ADAPTER_DIR), safe_serialization=True)
-
-    def load_model_state(self, folder: Path) -> None:
-        from safetensors.torch import load_file
-
-        self.head.load_state_dict(load_file(str(folder / HEAD_WEIGHTS_NAME)), strict=True)
-        if self.peft_model is not None:
-            from peft import set_peft_model_state_dict
-
-            adapter = load_file(str(folder / ADAPTER_DIR / "adapter_model.safetensors"))
-            set_peft_model_state_dict(self.peft_model, adapter)
-
-
-def _collate_tokens(features: list[dict[str, Any]], pad_token_id: int | None) -> dict[str, torch.Tensor]:
-    from specgraft.data import pad_collate
-
-    # Cached-feature rows carry their features too; accuracy is measured from the target itself.
-    return pad_collate([{k: v for k, v in f.items() if k != "features"} for f in features],
-                       0 if pad_token_id is None else pad_token_id)
-
-
-class _TrainStep(torch.nn.Module):
-    """One head training step (frozen target forward without grad, then the head's loss), routed through
-    ``forward`` so DDP/DeepSpeed wrappers see every step."""
-
-    def __init__(self, head: DraftHead, target: Target) -> None:
-        super().__init__()
-        self.head = head
-        object.__setattr__(self, "_target", target)  # frozen and borrowed: never wrapped, never saved
-        self.layers = head.required_layers()
-        self.need_logits = type(head).needs_target_logits
-        # (input_ids, target output) of batches prepare() ran the target on, in order, until their forward.
-        self._kept_outputs: collections.deque[tuple[torch.Tensor, TargetOutput]] = collections.deque()
-
-    @torch.no_grad()
-    def _target_output(self, batch: dict[str, Any]) -> TargetOutput:
-        if "features" in batch:  # offline: cached hidden states; logits recomputed with the frozen lm_head
-            cached = batch["features"]
-            logits = self._target.logits_from_hidden(cached[self._target.num_layers]) if self.need_logits else None
-            return TargetOutput(logits=logits, hidden_states={i: cached[i] for i in self.layers})
-        return self._target(batch["input_ids"], batch["attention_mask"], layers=self.layers,
-                            logits=self.need_logits)
-
-    def prepare(self, batch: dict[str, Any], step: int) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
-        """(the batch, the head's loss item counts). A head whose counts need the target's output (EAGLE-3 with a
-        reduced draft vocab) gets it here; it is kept for this batch's :meth:`forward` (no second target pass),
-        which costs the target outputs of one optimizer step's micro-batches in memory."""
-        if not self.head.loss_item_counts_need_target():
-            return batch, self.head.loss_item_counts(batch)
-        target_out = self._target_output(batch)
-        self._kept_outputs.append((batch["input_ids"], target_out))
-        return batch, self.head.loss_item_counts(batch, target_out)
-
-    def forward(self, batch: dict[str, Any], step: int, num_items: dict[str, torch.Tensor] | None = None
-                ) -> HeadLoss:
-        target_out = None
-        if self._kept_outputs:
-            ids, kept = self._kept_outputs.popleft()
-            if ids is batch["input_ids"] or (ids.shape == batch["input_ids"].shape
-                                             and torch.equal(ids, batch["input_ids"])):
-                target_out = kept
-            else:  # not the batch prepare() saw (prepare without forward): forget what was kept
-                self._kept_outputs.clear()
-        if target_out is None:
-            target_out = self._target_output(batch)
-        return self.head.training_loss(batch, target_out, num_items)
+    def head(self) -> DraftHead | None:
+        """The head being trained (None before setup)."""
+        return self.train_step.head
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -14,8 +14,10 @@ from specgraft.eval.tree import (
     depths,
     is_chain,
     leaves,
+    level_visibility,
     path_to,
     prune_to_depth,
+    strict_ancestors,
     tree_attention_mask,
     tree_structure,
     verification_inputs,
@@ -37,6 +39,20 @@ def test_structure_helpers():
     for i in range(7):
         expected[i, path_to(PARENTS, i)] = True
     assert torch.equal(anc, expected)
+
+
+def test_ancestor_walk_and_level_visibility_agree_with_the_ancestor_matrix():
+    anc = ancestor_matrix(PARENTS)
+    for node in range(len(PARENTS)):
+        walk = strict_ancestors(PARENTS, node)
+        assert walk == path_to(PARENTS, node)[:-1][::-1]  # parent first
+        assert sorted([*walk, node]) == anc[node].nonzero().flatten().tolist()
+    assert strict_ancestors(PARENTS, -1) == []
+    # One level fed after 5 cached slots of which 3 are the committed context: rows see that context, their
+    # ancestors' slots and themselves, nothing else (slot 3 belongs to no row's ancestors).
+    vis = level_visibility(3, 5, [[4], [], [4, 3]])
+    expected = torch.tensor([[1, 1, 1, 0, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 1, 0], [1, 1, 1, 1, 1, 0, 0, 1]]).bool()
+    assert vis.dtype == torch.bool and torch.equal(vis, expected)
 
 
 def test_chain_tree():

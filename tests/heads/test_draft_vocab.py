@@ -120,7 +120,7 @@ def test_trainer_reports_coverage_on_heldout_rows(tiny_llama, tmp_path):
     trainer = HeadTrainer(recipe, target=target, dataset=ds, show_progress=False)
     trainer.build_model(target)
     facts = trainer.data_facts
-    assert set(draft_to_target_ids(trainer._built_head.d2t).tolist()) == chosen
+    assert set(draft_to_target_ids(trainer.head.d2t).tolist()) == chosen
     assert facts["draft_vocab_coverage"] == pytest.approx(expected_heldout)
     assert facts["draft_vocab_train_coverage"] == pytest.approx(expected_train)
     assert facts["draft_vocab_heldout_tokens"] == sum(held.values())
@@ -133,7 +133,7 @@ def test_trainer_reports_coverage_on_heldout_rows(tiny_llama, tmp_path):
     trainer.build_model(target)
     every_row = loss_counts(range(40))
     chosen_all = set(sorted(every_row, key=lambda t: (-every_row[t], t))[:vd])
-    assert set(draft_to_target_ids(trainer._built_head.d2t).tolist()) == chosen_all
+    assert set(draft_to_target_ids(trainer.head.d2t).tolist()) == chosen_all
     assert "draft_vocab_coverage" not in trainer.data_facts
     assert trainer.data_facts["draft_vocab_train_coverage"] == pytest.approx(
         sum(n for t, n in every_row.items() if t in chosen_all) / sum(every_row.values()))

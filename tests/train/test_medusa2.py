@@ -40,11 +40,14 @@ def test_medusa2_trains_adapter_and_load_applies_it(tiny_run, capsys):  # noqa: 
     plain = load_target(model_dir)
     before = plain(ids).logits
     target = load_target(model_dir)
-    load_head(target, out)  # merges the adapter into the target
-    after = target(ids).logits
-    assert not torch.allclose(before, after), "the trained adapter must change the target it is loaded onto"
-    assert not any(p.requires_grad for p in target.model.parameters())
-    assert "lora" not in " ".join(n for n, _ in target.model.named_parameters())
+    head = load_head(target, out)  # the head's own target: a copy with the adapter merged
+    after = head.target(ids).logits
+    assert not torch.allclose(before, after), "the trained adapter must change the target the head decodes with"
+    assert not any(p.requires_grad for p in head.target.model.parameters())
+    assert "lora" not in " ".join(n for n, _ in head.target.model.named_parameters())
+    # Loading does not change the caller's target.
+    torch.testing.assert_close(target(ids).logits, before, rtol=0, atol=0)
+    assert head.target.identity == target.identity
 
 
 def test_lora_target_modules_that_do_not_exist(tiny_run, capsys):  # noqa: F811

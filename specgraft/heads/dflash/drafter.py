@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from specgraft.errors import SpecgraftError, TargetMismatchError
+from specgraft.errors import SpecgraftError
 from specgraft.eval import kv
 from specgraft.eval.acceptance import AcceptanceRecorder
 from specgraft.eval.drafter import DraftContext, Drafter
@@ -73,21 +73,8 @@ class DFlashDrafter(Drafter):
 
     # -- protocol --------------------------------------------------------------------------------------------
     def bind(self, target: Any, tokenizer: Any = None) -> None:
-        model = getattr(target, "model", target) if hasattr(target, "identity") else target
-        config = kv.text_config(model)
-        ident = self.head.target_identity
-        actual = {"vocab_size": int(config.vocab_size), "hidden_size": int(config.hidden_size),
-                  "num_hidden_layers": int(config.num_hidden_layers), "architecture": type(model).__name__}
-        diffs = [f"{k} {getattr(ident, k)} vs {v}" for k, v in actual.items() if getattr(ident, k) != v]
-        if diffs:
-            raise TargetMismatchError(f"this dflash head was made for {ident.name_or_path}, not the model being "
-                                      f"decoded ({'; '.join(diffs)}); load the head onto its own target")
-        if tokenizer is not None and ident.tokenizer_fingerprint is not None:
-            from specgraft.target import tokenizer_fingerprint
-
-            if tokenizer_fingerprint(tokenizer) != ident.tokenizer_fingerprint:
-                raise TargetMismatchError("the decoder's tokenizer differs from the one the dflash head was trained "
-                                          "with; decode with the target's own tokenizer")
+        """Refuse a model other than the target the head was built for (architecture, sizes, tokenizer)."""
+        self.head.target_identity.require_same_model(target, tokenizer, what=f"{self.head.head_type} head")
 
     def reset(self) -> None:
         self._cache = kv.new_cache()

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specgraft.eval.tree import additive_from_visible
+
 
 def valid_anchor_positions(loss_mask: torch.Tensor, block_size: int,
                            real: torch.Tensor | None = None) -> torch.Tensor:
@@ -95,9 +97,7 @@ def block_attention_mask(anchors: torch.Tensor, block_size: int, context_length:
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[B, Q, K] bool -> [B, 1, Q, K] additive mask (0 visible, the dtype's minimum elsewhere)."""
-    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[:, None]
+    return additive_from_visible(visible, dtype)[:, None]
 
 
 def dflash_position_weights(block_size: int, gamma: float) -> torch.Tensor:

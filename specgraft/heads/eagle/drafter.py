@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from specgraft.errors import SpecgraftError, TargetMismatchError
+from specgraft.errors import SpecgraftError
 from specgraft.eval import kv
 from specgraft.eval.acceptance import AcceptanceRecorder
 from specgraft.eval.drafter import DraftContext, Drafter
-from specgraft.eval.tree import DraftTree
+from specgraft.eval.tree import DraftTree, additive_from_visible, level_visibility, strict_ancestors
 from specgraft.eval.verify import process_logits
 from specgraft.heads.eagle.model import EagleHeadBase
 
@@ -77,21 +77,8 @@ class EagleDrafter(Drafter):
 
     # -- protocol --------------------------------------------------------------------------------------------
     def bind(self, target: Any, tokenizer: Any = None) -> None:
-        model = getattr(target, "model", target) if hasattr(target, "identity") else target
-        config = kv.text_config(model)
-        ident = self.head.target_identity
-        actual = {"vocab_size": int(config.vocab_size), "hidden_size": int(config.hidden_size),
-                  "num_hidden_layers": int(config.num_hidden_layers), "architecture": type(model).__name__}
-        diffs = [f"{k} {getattr(ident, k)} vs {v}" for k, v in actual.items() if getattr(ident, k) != v]
-        if diffs:
-            raise TargetMismatchError(f"this {self.head.head_type} head was made for {ident.name_or_path}, not the "
-                                      f"model being decoded ({'; '.join(diffs)}); load the head onto its own target")
-        if tokenizer is not None and ident.tokenizer_fingerprint is not None:
-            from specgraft.target import tokenizer_fingerprint
-
-            if tokenizer_fingerprint(tokenizer) != ident.tokenizer_fingerprint:
-                raise TargetMismatchError(f"the decoder's tokenizer differs from the one the {self.head.head_type} "
-                                          "head was trained with; decode with the target's own tokenizer")
+        """Refuse a model other than the target the head was built for (architecture, sizes, tokenizer)."""
+        self.head.target_identity.require_same_model(target, tokenizer, what=f"{self.head.head_type} head")
 
     def reset(self) -> None:
         self._cache = kv.new_cache()
@@ -168,12 +155,7 @@ class EagleDrafter(Drafter):
         past = kv.cache_length(self._cache)
         m = tokens.shape[0]
         device = features.device
-        visible = torch.zeros(m, past + m, dtype=torch.bool, device=device)
-        visible[:, : self._seen] = True
-        for r, slots in enumerate(ancestors):
-            if slots:
-                visible[r, slots] = True
-            visible[r, past + r] = True
+        visible = level_visibility(self._seen, past, ancestors, device)  # [m, past + m]
         positions = torch.full((1, m), position, dtype=torch.long, device=device)
         out, logits = self.head.draft_forward(tokens.unsqueeze(0), features.unsqueeze(0), positions,
                                               _additive(visible, self.head.param_dtype), self._cache)
@@ -211,13 +193,7 @@ class EagleDrafter(Drafter):
             order.sort()
             feats = torch.stack([parent_feature[parents[c]] if parents[c] < 0 else feature_of[parents[c]]
                                  for c in order])
-            ancestors = []
-            for c in order:
-                chain, a = [], parents[c]
-                while a >= 0:
-                    chain.append(slot_of[a])
-                    a = parents[a]
-                ancestors.append(chain)
+            ancestors = [[slot_of[a] for a in strict_ancestors(parents, c)] for c in order]
             ids = torch.tensor([tokens[c] for c in order], dtype=torch.long, device=feats.device)
             out, logits, slots = self._feed(ids, feats, self._seen - 1 + d, ancestors)
             for r, c in enumerate(order):
@@ -263,9 +239,7 @@ class EagleDrafter(Drafter):
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[q, kv] bool visibility -> [1, 1, q, kv] additive mask (0 visible, the dtype's minimum elsewhere)."""
-    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[None, None]
+    return additive_from_visible(visible, dtype)[None, None]
 
 
 # -- registry hooks: settings (eval flags, tuned.json) -> drafter ------------------------------------------------

@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from specgraft.errors import SpecgraftError, TargetMismatchError
+from specgraft.errors import SpecgraftError
 from specgraft.eval.acceptance import AcceptanceRecorder
 from specgraft.eval.drafter import DraftContext, Drafter
 from specgraft.eval.tree import DraftTree, TreeStructure, tree_structure
 from specgraft.heads.medusa.model import MedusaHead, label_mask
-from specgraft.target import Target, tokenizer_fingerprint
+from specgraft.target import Target
 
 #: Draft nodes of the default tree (the root not counted): with the root, one verification forward of 64 tokens.
 DEFAULT_NUM_NODES = 63
@@ -340,23 +340,8 @@ class MedusaDrafter(Drafter):
         return self._indices[key]
 
     def bind(self, target: Any, tokenizer: Any = None) -> None:
-        """Refuse a target other than the one the head was built for (sizes, vocab, tokenizer)."""
-        config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
-        ident = self.head.target_identity
-        diffs = []
-        if int(config.hidden_size) != ident.hidden_size:
-            diffs.append(f"hidden_size {ident.hidden_size} vs {config.hidden_size}")
-        if int(config.vocab_size) != ident.vocab_size:
-            diffs.append(f"vocab_size {ident.vocab_size} vs {config.vocab_size}")
-        if int(config.num_hidden_layers) != ident.num_hidden_layers:
-            diffs.append(f"num_hidden_layers {ident.num_hidden_layers} vs {config.num_hidden_layers}")
-        fingerprint = tokenizer_fingerprint(tokenizer)
-        if fingerprint is not None and ident.tokenizer_fingerprint is not None \
-                and fingerprint != ident.tokenizer_fingerprint:
-            diffs.append("tokenizer differs")
-        if diffs:
-            raise TargetMismatchError(f"these medusa heads were made for {ident.name_or_path} but the decoder's "
-                                      f"target differs ({'; '.join(diffs)}); decode with the head's own target")
+        """Refuse a target other than the one the head was built for (architecture, sizes, tokenizer)."""
+        self.head.target_identity.require_same_model(target, tokenizer, what=f"{self.head.head_type} head")
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> DraftTree:
