@@ -109,12 +109,19 @@ TINY_CORPUS_TEXT = "\n\n".join(
 
 def recipe_writer(folder: Path, base: dict[str, dict[str, Any]]) -> Callable[..., Path]:
     """A function ``write(name="recipe.yaml", **sections)`` that saves ``base`` as YAML in ``folder``, each given
-    section's keys updated (``write(training={"max_steps": 4})``), and returns the file's path."""
+    section's keys updated (``write(training={"max_steps": 4})``; ``None`` drops a section, and a ``head`` of
+    another ``type`` replaces the base's head section), and returns the file's path."""
 
-    def write(name: str = "recipe.yaml", **sections: dict[str, Any]) -> Path:
+    def write(name: str = "recipe.yaml", **sections: dict[str, Any] | None) -> Path:
         recipe = copy.deepcopy(base)
         for section, values in sections.items():
-            recipe.setdefault(section, {}).update(values)
+            if values is None:  # drop the section (e.g. head: for a distillation recipe)
+                recipe.pop(section, None)
+            elif section == "head" and values.get("type", recipe.get("head", {}).get("type")) != \
+                    recipe.get("head", {}).get("type"):
+                recipe["head"] = dict(values)  # another family's section: its fields replace the base's
+            else:
+                recipe.setdefault(section, {}).update(values)
         path = folder / name
         path.write_text(yaml.safe_dump(recipe))
         return path

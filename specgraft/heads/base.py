@@ -70,6 +70,9 @@ class DraftHead(nn.Module):
         #: Whether ``training_loss`` computes its accuracy metrics (the trainer enables them only on logged steps,
         #: since a top-5 rank over the vocabulary costs as much as the loss itself on small heads).
         self.metrics_enabled = True
+        #: The optimizer step being trained (set by the trainer's step; a head whose loss draws per-row random
+        #: choices, such as DFlash's anchors, derives them from it so that they do not depend on batching).
+        self.current_step = 0
         # Borrowed, frozen, never saved: hidden from nn.Module registration on purpose.
         object.__setattr__(self, "_target", target)
 

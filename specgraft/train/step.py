@@ -207,6 +207,7 @@ class HeadLossStep(nn.Module):
         """(the batch, the head's loss item counts). A head whose counts need the target's output (EAGLE-3 with a
         reduced draft vocab) gets it here; it is kept for this batch's :meth:`forward` (no second target pass),
         which costs the target outputs of one optimizer step's micro-batches in memory."""
+        self.head.current_step = step
         if not self.head.loss_item_counts_need_target():
             return batch, self.head.loss_item_counts(batch)
         target_out = self._target_output(batch)
@@ -215,6 +216,7 @@ class HeadLossStep(nn.Module):
 
     def forward(self, batch: dict[str, Any], step: int, num_items: dict[str, torch.Tensor] | None = None
                 ) -> HeadLoss:
+        self.head.current_step = step
         target_out = None
         if self._kept_outputs:
             ids, kept = self._kept_outputs.popleft()

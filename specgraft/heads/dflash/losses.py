@@ -16,6 +16,8 @@ Facts (vllm-project/speculators @c05b95b, ``src/speculators/models/dflash/{utils
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -36,7 +38,7 @@ def valid_anchor_positions(loss_mask: torch.Tensor, block_size: int,
 
 
 def select_anchors(loss_mask: torch.Tensor, block_size: int, max_anchors: int,
-                   generator: torch.Generator | None = None,
+                   generator: torch.Generator | Sequence[torch.Generator] | None = None,
                    real: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample up to ``max_anchors`` distinct valid anchors per row (uniformly, without replacement), sorted.
 
@@ -44,7 +46,7 @@ def select_anchors(loss_mask: torch.Tensor, block_size: int, max_anchors: int,
         loss_mask: [B, T] 1 where the token is a label (a real assistant token).
         block_size: slots per block.
         max_anchors: anchors per row at most.
-        generator: the random source (CPU generator; the global RNG when None).
+        generator: the random source (CPU generator; the global RNG when None), or one generator per row.
         real: [B, T] the attention mask, or None (see :func:`valid_anchor_positions`).
 
     Returns:
@@ -62,7 +64,8 @@ def select_anchors(loss_mask: torch.Tensor, block_size: int, max_anchors: int,
         take = min(width, positions.numel())
         if take == 0:
             continue
-        order = torch.randperm(positions.numel(), generator=generator).to(positions.device)
+        row_generator = generator[b] if isinstance(generator, (list, tuple)) else generator
+        order = torch.randperm(positions.numel(), generator=row_generator).to(positions.device)
         anchors[b, :take] = torch.sort(positions[order[:take]]).values
         anchor_valid[b, :take] = True
     return anchors, anchor_valid

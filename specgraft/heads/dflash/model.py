@@ -26,6 +26,7 @@ context rows is the price of not copying the family's attention code (the k/v pr
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 from typing import Any
 
@@ -48,6 +49,7 @@ from specgraft.heads.draft_vocab import build_draft_vocab, draft_to_target_ids, 
 from specgraft.heads.layers import RotaryPositions, build_decoder_layer, draft_layer_config
 from specgraft.heads.losses import divide_by_count, linear_cross_entropy
 from specgraft.target import Target, TargetOutput
+from specgraft.utils.seeds import derive_seed
 
 logger = logging.getLogger(__name__)
 
@@ -318,21 +320,31 @@ class DFlashHead(DraftHead):
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(labels [B, T], anchors [B, A], anchor_valid [B, A])`` of a batch: drawn once, then kept in the batch
         (under :data:`ANCHORS_KEY`) so that :meth:`loss_item_counts` and :meth:`training_loss` score the same
-        blocks. Rows draw in order from ``generator`` (the global RNG when None), so splitting a batch into
-        micro-batches draws the same anchors."""
+        blocks. Without ``generator`` each row draws from its own generator seeded by the run's seed, the
+        optimizer step being trained (:attr:`current_step`) and the row's tokens: a row gets the same anchors
+        whatever micro-batch or process it lands in (so accumulation and processes are the same optimisation),
+        new ones each step, and the same ones again after a resume."""
         kept = batch.get(ANCHORS_KEY)
         if kept is not None:
             return kept
         input_ids = batch["input_ids"]
+        real = batch.get("attention_mask")
         labels = torch.ones_like(input_ids, dtype=torch.bool)
-        if batch.get("attention_mask") is not None:
-            labels = labels & batch["attention_mask"].bool()
+        if real is not None:
+            labels = labels & real.bool()
         if batch.get("loss_mask") is not None:
             labels = labels & batch["loss_mask"].bool()
+        if generator is None:
+            generator = [self._row_generator(row if real is None else row[real[b].bool()])
+                         for b, row in enumerate(input_ids)]
         anchors, anchor_valid = select_anchors(labels, self.config.block_size, self.config.max_anchors, generator,
-                                               batch.get("attention_mask"))
+                                               real)
         batch[ANCHORS_KEY] = (labels, anchors, anchor_valid)
         return labels, anchors, anchor_valid
+
+    def _row_generator(self, tokens: torch.Tensor) -> torch.Generator:
+        digest = hashlib.sha256(tokens.detach().cpu().numpy().tobytes()).hexdigest()
+        return torch.Generator().manual_seed(derive_seed(torch.initial_seed(), self.current_step, int(digest[:15], 16)))
 
     def loss_item_counts(self, batch: dict[str, Any], target_out: TargetOutput | None = None
                          ) -> dict[str, torch.Tensor]:
