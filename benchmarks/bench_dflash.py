@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -85,13 +84,8 @@ def evaluate(model_dir: Path, runs: dict[str, dict[str, Any]], settings: list[tu
     return rows
 
 
-def _f(value: Any, digits: int = 2, suffix: str = "") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return f"{value:.{digits}f}{suffix}"
-
-
 def table(rows: list[dict[str, Any]]) -> str:
+    _f = _sibling("bench_heads_stories260k")._f  # the number format of the sibling benchmark's tables
     lines = ["| drafter | setting | tau | acceptance by depth | draft cost / step (target fwd) | verify cost / step | "
              "tok/s spec | tok/s plain | speedup (ratio of totals) | lossless |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
