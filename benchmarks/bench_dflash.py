@@ -130,20 +130,11 @@ def main() -> int:
     parser.add_argument("--skip-training", action="store_true", help="evaluate the heads already in --work")
     args = parser.parse_args()
 
-    src, text = bench.SHARED / "models" / "stories260K", bench.SHARED / "tinystories" / "tinystories_train.txt"
-    if not src.is_dir() or not text.is_file():
-        print(f"error: {src} or {text} is absent; this benchmark needs ../shared/data", file=sys.stderr)
-        return 2
-    work = args.work or args.out.parent / f"{args.out.stem}_work"
-    work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-
-    from specgraft.llama2c import convert_llama2c
-
-    model_dir = work / "stories260K"
-    if not (model_dir / "config.json").is_file():
-        convert_llama2c(src / "stories260K.bin", src / "tok512.bin", model_dir)
-    split = bench.split_tinystories(text, work, args.per_domain)
+    prepared = bench.prepare_stories260k(args)
+    if prepared is None:
+        return 2
+    work, model_dir, split = prepared
     print(f"data: {split['train_lines']} training lines, {split['num_prompts']} held-out prompts", flush=True)
 
     runs: dict[str, dict[str, Any]] = {}

@@ -84,6 +84,25 @@ def split_tinystories(src: Path, work: Path, per_domain: int) -> dict[str, Any]:
             "heldout_lines_also_in_train": sum(h in train_set for h in held), "heldout_nonblank_lines": len(held)}
 
 
+def prepare_stories260k(args: argparse.Namespace) -> tuple[Path, Path, dict[str, Any]] | None:
+    """The scratch folder (``--work``, default ``<out stem>_work``), stories260K converted into it and the
+    TinyStories split (:func:`split_tinystories`); None (after an ``error:`` line) when ../shared/data is absent."""
+    src = SHARED / "models" / "stories260K"
+    text = SHARED / "tinystories" / "tinystories_train.txt"
+    if not src.is_dir() or not text.is_file():
+        print(f"error: {src} or {text} is absent; this benchmark needs ../shared/data", file=sys.stderr)
+        return None
+    work = args.work or args.out.parent / f"{args.out.stem}_work"
+    work.mkdir(parents=True, exist_ok=True)
+
+    from specgraft.llama2c import convert_llama2c
+
+    model_dir = work / "stories260K"
+    if not (model_dir / "config.json").is_file():
+        convert_llama2c(src / "stories260K.bin", src / "tok512.bin", model_dir)
+    return work, model_dir, split_tinystories(text, work, args.per_domain)
+
+
 def read_loss_curve(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Scalars the trainer logged to tensorboard (loss, per-head top-1, lr, ...), tag -> [(step, value)]."""
     try:
@@ -227,21 +246,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the 2 cores are shared)")
     args = parser.parse_args()
 
-    src = SHARED / "models" / "stories260K"
-    text = SHARED / "tinystories" / "tinystories_train.txt"
-    if not src.is_dir() or not text.is_file():
-        print(f"error: {src} or {text} is absent; this benchmark needs ../shared/data", file=sys.stderr)
-        return 2
-    work = args.work or args.out.parent / f"{args.out.stem}_work"
-    work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-
-    from specgraft.llama2c import convert_llama2c
-
-    model_dir = work / "stories260K"
-    if not (model_dir / "config.json").is_file():
-        convert_llama2c(src / "stories260K.bin", src / "tok512.bin", model_dir)
-    split = split_tinystories(text, work, args.per_domain)
+    prepared = prepare_stories260k(args)
+    if prepared is None:
+        return 2
+    work, model_dir, split = prepared
     print(f"data: {split['train_lines']} training lines ({split['train_bytes']:,} B), {split['num_prompts']} held-out "
           f"prompts from the last {split['heldout_lines']} lines ({split['heldout_lines_also_in_train']}/"
           f"{split['heldout_nonblank_lines']} held-out lines also occur verbatim in training)", flush=True)

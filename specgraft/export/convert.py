@@ -277,6 +277,21 @@ def to_engine(head_type: str, fmt: str, state: Mapping[str, torch.Tensor], meta:
     return ckpt
 
 
+def _require_speculators_type(config: Mapping[str, Any], expected: str | None, head_type: str) -> None:
+    """Refuse a speculators export of another algorithm read back as ``head_type`` (e.g. DFlash as EAGLE-3)."""
+    found = config.get("speculators_model_type")
+    if expected is None or found is None or found == expected:
+        return
+    from specgraft.heads.registry import family_names, get_family
+
+    def title(name: str) -> str:
+        card = get_family(name).card if name in family_names() else None
+        return card.title if card is not None else name
+
+    raise SpecgraftError(f"this export is a {title(str(found))} draft (speculators_model_type {found!r}), not "
+                         f"{title(head_type)}; load it as the {found} head it is")
+
+
 def _state_dtype(state: Mapping[str, torch.Tensor]) -> torch.dtype:
     for tensor in state.values():
         if tensor.is_floating_point():
@@ -314,7 +329,9 @@ def from_engine(head_type: str, fmt: str, tensors: Mapping[str, torch.Tensor], c
     (the state dict of a freshly built head of the same config). Unused exported tensors are an error."""
     used: set[str] = set()
     names = set(want)
-    state = engine_exporter(head_type, fmt).from_engine(fmt, tensors, config, head_cfg, want, used, target_lm_head)
+    exporter = engine_exporter(head_type, fmt)
+    _require_speculators_type(config, exporter.speculators_model_type, head_type)
+    state = exporter.from_engine(fmt, tensors, config, head_cfg, want, used, target_lm_head)
     left = sorted(set(tensors) - used)
     if left:
         raise SpecgraftError(f"the export holds tensors {left[:6]} that a {head_type} head of this config does not "

@@ -54,6 +54,9 @@ class EngineExporter:
                                             "num_attention_heads", "rope_theta")
     """Keys of the exported ``config.json`` (or its ``transformer_layer_config``) that must equal the target's
     when the export is loaded back (a draft of Llama layers carries them all; Medusa's only the sizes)."""
+    speculators_model_type: str | None = None
+    """The ``speculators_model_type`` this layout's config carries (speculators-format exports): an export whose
+    config names another is refused when read back as this family."""
 
 
 @dataclass(frozen=True)

@@ -98,20 +98,31 @@ def _verifier_architectures(target: Target) -> list[str]:
     return list(getattr(target.config, "architectures", None) or [target.identity.architecture])
 
 
-def _check_exportable(head: DFlashHead) -> None:
-    target = head.target
-    ids = [int(i) for i in head.config.aux_layer_ids]
-    bad = [i for i in ids if not 1 <= i <= target.num_layers - 1]
+def _refuse_unservable(aux_layer_ids: list[int], num_layers: int, scales_embeddings: bool,
+                       model_type: str) -> None:
+    """What vLLM's DFlash draft cannot run: aux layers outside the residual stream it captures, and targets that
+    scale their input embeddings (it shares the raw embedding table)."""
+    bad = [int(i) for i in aux_layer_ids if not 1 <= int(i) <= num_layers - 1]
     if bad:
         raise SpecgraftError(f"DFlash aux layers {bad} cannot be captured by vLLM: it reads the residual stream "
-                             f"between decoder layers, output_hidden_states indices 1..{target.num_layers - 1}; "
+                             f"between decoder layers, output_hidden_states indices 1..{num_layers - 1}; "
                              "retrain with head.aux_layer_ids inside that range or keep the native head folder")
+    if scales_embeddings:
+        raise SpecgraftError(f"{model_type} scales its input embeddings, which vLLM's DFlash draft "
+                             "(sharing the raw embedding table) does not; keep the native head folder for this target")
+
+
+def _scales_embeddings(target: Target) -> bool:
+    """Whether ``target`` multiplies its input embeddings (Gemma), measured on a few rows."""
     probe = torch.arange(min(4, target.vocab_size), device=target.device)[None]
     with torch.no_grad():
-        scaled = not torch.equal(target.embed(probe), target.input_embeddings.weight[probe])
-    if scaled:
-        raise SpecgraftError(f"{target.identity.model_type} scales its input embeddings, which vLLM's DFlash draft "
-                             "(sharing the raw embedding table) does not; keep the native head folder for this target")
+        return not torch.equal(target.embed(probe), target.input_embeddings.weight[probe])
+
+
+def _check_exportable(head: DFlashHead) -> None:
+    target = head.target
+    _refuse_unservable(head.config.aux_layer_ids, target.num_layers, _scales_embeddings(target),
+                       target.identity.model_type)
 
 
 def speculators_config(head: DFlashHead, base_model: str | None = None,
@@ -243,14 +254,12 @@ def load_speculators_export(target: Target, path: str | Path) -> DFlashHead:
 _SIZES = ("hidden_size", "vocab_size")
 
 
-def _scales_embeddings(info: Any) -> bool:
-    """Whether the target multiplies its input embeddings (Gemma): measured on the real target when the exporter
-    has it, else read from its config (the skeleton lives on the meta device)."""
+def _info_scales_embeddings(info: Any) -> bool:
+    """:func:`_scales_embeddings` on the real target when the exporter has it, else read from the config (the
+    skeleton lives on the meta device)."""
     real = getattr(info, "real", None)
     if real is not None:
-        probe = torch.arange(min(4, real.vocab_size), device=real.device)[None]
-        with torch.no_grad():
-            return not torch.equal(real.embed(probe), real.input_embeddings.weight[probe])
+        return _scales_embeddings(real)
     return str(getattr(info.config, "model_type", "")).startswith("gemma")
 
 
@@ -262,15 +271,8 @@ def to_engine(fmt: str, state: Mapping[str, torch.Tensor], cfg: Mapping[str, Any
     from specgraft.export.layouts import Dims
 
     skeleton = DFlashHead(DFlashConfig(**cfg), info.skeleton)  # meta device: sizes and names only
-    num_layers = info.skeleton.num_layers
-    bad = [int(i) for i in skeleton.config.aux_layer_ids if not 1 <= int(i) <= num_layers - 1]
-    if bad:
-        raise SpecgraftError(f"DFlash aux layers {bad} cannot be captured by vLLM: it reads the residual stream "
-                             f"between decoder layers, output_hidden_states indices 1..{num_layers - 1}; retrain "
-                             "with head.aux_layer_ids inside that range or export as native")
-    if _scales_embeddings(info):
-        raise SpecgraftError(f"{getattr(info.config, 'model_type', '?')} scales its input embeddings, which vLLM's "
-                             "DFlash draft (sharing the raw embedding table) does not; export the head as native")
+    _refuse_unservable(skeleton.config.aux_layer_ids, info.skeleton.num_layers, _info_scales_embeddings(info),
+                       str(getattr(info.config, "model_type", "?")))
     config = speculators_config(skeleton, base_model)
     names = expected_speculators_names(config)
     shapes = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
@@ -312,5 +314,6 @@ def describe(cfg: Mapping[str, Any], size: str) -> str:
             f"output_hidden_states indices), over {vocab} vocabulary; the target's embeddings are shared.")
 
 
-EXPORTERS = {"vllm": EngineExporter(WEIGHTS_NAME, None, to_engine, from_engine, _SIZES)}
+EXPORTERS = {"vllm": EngineExporter(WEIGHTS_NAME, None, to_engine, from_engine, _SIZES,
+                                    speculators_model_type="dflash")}
 CARD = CardText(title="DFlash", describe=describe, vllm_method="dflash", config_is_self_contained=True)

@@ -144,10 +144,6 @@ def to_engine(fmt: str, state: Mapping[str, torch.Tensor], cfg: Mapping[str, Any
 def from_engine(fmt: str, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any], cfg: Mapping[str, Any],
                 want: Mapping[str, torch.Tensor], used: set[str],
                 target_lm_head: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    if str(config.get("speculators_model_type")) == "dflash" or \
-            (config.get("speculators_config") or {}).get("algorithm") == "dflash":
-        raise SpecgraftError("this export is a DFlash draft (speculators_model_type 'dflash'), not EAGLE-3; load it "
-                             "as the dflash head it is")
     names = set(want)
     state: dict[str, torch.Tensor] = {}
     for name in ("fc.weight", "fc.bias", "norm.weight", "lm_head.weight"):
@@ -207,7 +203,8 @@ def trtllm_lines(cfg: Mapping[str, Any], base: str, where: str, tuned: Mapping[s
 
 
 EXPORTERS = {
-    "vllm": EngineExporter("model.safetensors", VLLM_LAYOUT, to_engine, from_engine),
+    "vllm": EngineExporter("model.safetensors", VLLM_LAYOUT, to_engine, from_engine,
+                           speculators_model_type="eagle3"),
     "sglang": EngineExporter("model.safetensors", SGLANG_LAYOUT, to_engine, from_engine),
     "trtllm": EngineExporter("model.safetensors", TRTLLM_LAYOUT, to_engine, from_engine),
 }
