@@ -310,7 +310,7 @@ def predict_on_profile(report_path: Path, domain: str | None, profile_path: Path
                        draft_length: int | None) -> dict[str, Any]:
     """Predict the report's setting (or a chain truncated to ``draft_length``) on a cost profile's device."""
     from specgraft.eval.cost import CostProfile, check_profile
-    from specgraft.eval.tune import _finish, _profile_label, kind_of, predict_setting
+    from specgraft.eval.tune import _profile_label, finish_candidate, kind_of, predict_setting
 
     measured = read_report_profile(report_path, domain)
     profile = CostProfile.load(profile_path)
@@ -345,7 +345,7 @@ def predict_on_profile(report_path: Path, domain: str | None, profile_path: Path
     c = predict_setting(kind, setting, profile, costs, calibration)
     if measured["reach"]:
         c.expected_accepted = float(sum(measured["reach"][:depth]))
-        c = _finish(c, profile.plain_step_s)
+        c = finish_candidate(c, profile.plain_step_s)
     return {"setting": c.setting, "tau": 1 + c.expected_accepted, "tokens_per_s": c.tokens_per_s,
             "speedup": c.speedup, "draft_s": c.draft_s, "step_s": c.step_s, "device": profile.summary(),
             "measured": {"tau": measured["tau"], "speedup": measured["speedup"]}}
