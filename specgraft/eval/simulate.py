@@ -321,7 +321,7 @@ def predict_on_profile(report_path: Path, domain: str | None, profile_path: Path
     except SpecgraftError:
         raise SpecgraftError(f"--cost-profile predicts head and draft-model drafters, not {head_type!r}") from None
     mode = drafter.get("mode") or "chain"
-    depth = int(draft_length or drafter.get("k") or len(measured["reach"] or []))
+    depth = int(draft_length or drafter.get("k") or drafter.get("depth") or len(measured["reach"] or []))
     if kind == "medusa":
         paths = (measured.get("statistics") or {}).get("static_tree_paths")
         if not paths:
@@ -333,8 +333,10 @@ def predict_on_profile(report_path: Path, domain: str | None, profile_path: Path
         setting = ({"mode": "chain", "depth": depth} if mode == "chain" else
                    {"mode": "tree", "depth": depth, "top_k": drafter.get("top_k"),
                     "total_tokens": drafter.get("tree_size")})
-    else:
+    elif kind == "draft_model":
         setting = {"mode": "chain", "k": depth}
+    else:  # a family's own search (DFlash): a chain of `depth` slots or `top_k` per slot
+        setting = {"mode": mode, "depth": depth, **({"top_k": drafter.get("top_k")} if mode == "tree" else {})}
     for message in check_profile(profile, measured.get("target"), None):
         print(f"warning: {message}", file=sys.stderr)
     calibration = {"reach": measured["reach"] or [], "statistics": measured.get("statistics"),

@@ -167,6 +167,13 @@ def test_profile_tune_eval_export_end_to_end(tmp_path, capsys):
         report = json.loads((tmp_path / "tune" / name / "report.json").read_text(encoding="utf-8"))
         assert report["overall"]["lossless_passed"] is True
 
+    # simulate predicts the calibration's own tree on the profile's device: its tau exactly (its reach rates)
+    _, out = cli("simulate", "--report", tmp_path / "tune" / "calibration", "--cost-profile", profile_file, "--json")
+    predicted = json.loads(out)
+    assert predicted["setting"] == {"mode": "tree", "depth": 3, "top_k": 4}
+    assert predicted["tau"] == pytest.approx(calib["overall"]["tau"])
+    assert predicted["draft_s"] == pytest.approx(section["tree_s"]["4"])
+
     # eval drafts the tuned setting by default; a flag wins
     cli("eval", "--target", tmp_path / "target", "--head", head_dir, "--prompts", prompts, "--out", tmp_path / "e1",
         "--max-new-tokens", "4", "--warmup", "0", "--no-progress")
