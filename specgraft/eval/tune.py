@@ -20,6 +20,8 @@ Candidates and their predicted acceptance:
   nodes (the dynamic tree picks its nodes by draft confidence, which the static optimum approximates).
 * Draft models: chains of ``k`` tokens; ``E = sum_{d<=k} reach[d]`` from a chain calibration at the largest ``k``
   (exact for greedy decoding).
+* Other kinds: the head family's own search, registered as hooks (:data:`SEARCH_HOOKS`; DFlash's chains and
+  per-slot trees, :mod:`specgraft.heads.dflash.tune`); this module ranks, confirms and records them alike.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ class Candidate:
 
 def kind_of(head_type: str) -> str:
     """How a drafter is tuned: ``draft_model``, or the head family's registered tuning strategy (``medusa``: a
-    static tree from per-depth top-k accuracies; ``eagle``: a dynamic tree; EAGLE-1/2 and EAGLE-3 tune alike)."""
+    static tree from per-depth top-k accuracies; ``eagle``: a dynamic tree, EAGLE-1/2 and EAGLE-3 alike; any other
+    kind is the family's own search through its hooks, e.g. ``dflash``)."""
     if head_type == "draft_model":
         return head_type
     from specgraft.heads.registry import get_family
@@ -381,7 +384,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specgraft tune``."""
     parser.add_argument("--target", required=True, help="target model: a transformers folder or Hub id")
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--head", type=Path, help="trained head folder (medusa, eagle or eagle3)")
+    which.add_argument("--head", type=Path, help="trained head folder (medusa, eagle, eagle3 or dflash)")
     which.add_argument("--draft", type=Path, help="draft model folder")
     parser.add_argument("--prompts", nargs="*", type=Path, default=[],
                         help="calibration prompt files (the confirming evals run on them too)")
