@@ -11,10 +11,15 @@ One run, in a scratch folder (``--work``, default ``<out stem>_work`` beside ``-
 3. Evaluates every setting in ``--settings`` on the held-out prompts with ``run_eval`` in this process, one after the
    other (plain decoding runs beside each, so every speedup is a side-by-side ratio): EAGLE-3 at its default tree
    and chain, DFlash chains of ``block_size - 1`` and shorter, and its per-slot top-k tree.
+   With ``--tune`` instead: measures one cost profile of this machine for both heads (``specgraft profile``'s
+   :func:`~specgraft.eval.cost.measure_profile`), then runs ``specgraft tune``'s search and confirming evals
+   (:func:`~specgraft.eval.tune.tune`) for EAGLE-3 and for DFlash on the held-out prompts, one after the other in
+   this process, writes each head's ``tuned.json`` and compares the tuned settings' speedups.
 4. Prints one table and writes every number (and each answer, in each eval folder's answers.jsonl) under
    ``--out`` (JSON); exits 1 when a lossless check fails.
 
     python benchmarks/bench_dflash.py --out runs/bench-dflash.json
+    python benchmarks/bench_dflash.py --out runs/bench-dflash-tuned.json --skip-training --tune
     python benchmarks/bench_dflash.py --out /tmp/dflash.json --steps 60 --per-domain 2   # smoke run
 """
 
@@ -84,6 +89,57 @@ def evaluate(model_dir: Path, runs: dict[str, dict[str, Any]], settings: list[tu
     return rows
 
 
+def tune_both(model_dir: Path, runs: dict[str, dict[str, Any]], split: dict[str, Any], work: Path,
+              args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One cost profile for both heads, then `specgraft tune` (search, confirming evals at the tuned and the default
+    setting) for each; rows as :func:`evaluate` writes them, at the tuned and at the default setting."""
+    import torch
+
+    from specgraft.eval.cost import measure_profile
+    from specgraft.eval.prompts import load_prompts, render_turn
+    from specgraft.eval.report import EvalSettings
+    from specgraft.eval.tune import TUNED_NAME, default_kv_length, kind_of, setting_label, tune
+    from specgraft.heads import load_head
+    from specgraft.heads.registry import family_of
+    from specgraft.target import load_target
+    from specgraft.utils.io import atomic_write_json
+
+    torch.set_num_threads(args.threads)
+    prompts = load_prompts(split["prompts_file"])
+    eval_settings = EvalSettings(max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup)
+    target = load_target(model_dir)
+    heads = {name: load_head(target, runs[name]["head_dir"]).eval() for name, _ in RUNS}
+    lengths = [len(render_turn(target.tokenizer, p.turns, [])[1]) for p in prompts]
+    kv_length = default_kv_length(lengths, args.max_new_tokens)
+    started = time.perf_counter()
+    profile = measure_profile(target, device="cpu", dtype="float32", threads=args.threads, kv_length=kv_length,
+                              heads=[(runs[n]["head_dir"], h, h.head_type) for n, h in heads.items()])
+    profile.save(work / "tune" / "cost_profile.json")
+    print(f"  profile at KV length {kv_length}: {time.perf_counter() - started:.0f} s", flush=True)
+    rows = []
+    for name, head in heads.items():
+        kind = kind_of(head.head_type)
+        prior_hook = family_of(head).hooks.get("tuning_prior")
+        result, record = tune(target, kind, head.head_type, head, Path(runs[name]["head_dir"]), prompts,
+                              work / "tune" / name, profile=profile, calibration=None, settings=eval_settings,
+                              prior=prior_hook(head) if prior_hook is not None else None, progress=False)
+        atomic_write_json(Path(runs[name]["head_dir"]) / TUNED_NAME, record)
+        for which, candidate in (("tuned", result.chosen), ("default", result.default)):
+            report = json.loads((work / "tune" / name / which / "report.json").read_text(encoding="utf-8")) \
+                if (work / "tune" / name / which / "report.json").is_file() else \
+                json.loads((work / "tune" / name / "calibration" / "report.json").read_text(encoding="utf-8"))
+            overall = report["overall"]
+            rows.append({"run": name, "setting": candidate.setting if candidate is not None else {},
+                         "label": f"{name} {which}: {setting_label(kind, candidate.setting)}", "which": which,
+                         "predicted_speedup": candidate.speedup if candidate is not None else None,
+                         "drafter": report["drafter"], "overall": overall})
+            print(f"  {name} {which:<7} {setting_label(kind, candidate.setting):<44} tau {overall['tau']:.2f}  "
+                  f"draft {overall['draft_cost_per_step']:.2f} + verify {overall['verify_cost_per_step']:.2f} "
+                  f"fwd/step  speedup {overall['speedup_ratio_of_totals']:.2f}x (predicted "
+                  f"{candidate.speedup:.2f}x)  {overall['lossless_check']}", flush=True)
+    return rows
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     _f = _sibling("bench_heads_stories260k")._f  # the number format of the sibling benchmark's tables
     lines = ["| drafter | setting | tau | acceptance by depth | draft cost / step (target fwd) | verify cost / step | "
@@ -93,7 +149,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         o = r["overall"]
         depth = " ".join(f"{x:.2f}" for x in o.get("acceptance_by_depth") or [])
         lossless = f"{'passed' if o['lossless_passed'] else 'FAILED'} {o['lossless_identical']}/{o['lossless_checked']}"
-        setting = ", ".join(f"{k} {v}" for k, v in r["setting"].items())
+        setting = ", ".join(f"{k} {v}" for k, v in r["setting"].items() if k != "paths")
+        if r.get("which"):
+            setting = f"{r['which']}: {setting}"
         lines.append(f"| {r['run']} | {setting} | {_f(o['tau'])} | {depth} | {_f(o['draft_cost_per_step'])} | "
                      f"{_f(o['verify_cost_per_step'])} | {_f(o['tokens_per_s'], 0)} | "
                      f"{_f(o['baseline_tokens_per_s'], 0)} | {_f(o['speedup_ratio_of_totals'], 2, 'x')} | "
@@ -102,9 +160,10 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def comparison(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's ratios: DFlash's best setting against EAGLE-3's best, on draft cost and on speedup."""
+    """The issue's ratios: DFlash's best setting against EAGLE-3's best (with --tune: each at its tuned setting),
+    on draft cost and on speedup."""
     def best(run: str) -> dict[str, Any]:
-        own = [r for r in rows if r["run"] == run]
+        own = [r for r in rows if r["run"] == run and r.get("which", "tuned") == "tuned"]
         return max(own, key=lambda r: r["overall"]["speedup_ratio_of_totals"])
 
     e, d = best("eagle3"), best("dflash")
@@ -128,6 +187,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the 2 cores are shared)")
     parser.add_argument("--skip-training", action="store_true", help="evaluate the heads already in --work")
+    parser.add_argument("--tune", action="store_true",
+                        help="instead of the fixed settings: profile this machine and `specgraft tune` both heads, "
+                             "then compare the tuned settings (writes tuned.json beside each head in --work)")
     args = parser.parse_args()
 
     started = time.perf_counter()
@@ -148,7 +210,10 @@ def main() -> int:
         print(f"  train {name:<6} {s['steps']} steps  {s['tokens_seen']:,} tokens  "
               f"{s['steady_tokens_per_s']:,.0f} tok/s  {run['wall_s']:.0f} s", flush=True)
 
-    rows = evaluate(model_dir, runs, list(DEFAULT_SETTINGS), split, work, args)
+    if args.tune:
+        rows = tune_both(model_dir, runs, split, work, args)
+    else:
+        rows = evaluate(model_dir, runs, list(DEFAULT_SETTINGS), split, work, args)
     summary = comparison(rows)
     print()
     print(table(rows))

@@ -14,7 +14,8 @@
   the run, so on a shared machine the costs stay comparable with one another even when the absolute speed drifts.
 * ``drafters``: per drafter, the time of one ``propose`` call (median over calls) per setting: Medusa per number
   of heads used (one call reads every head once), EAGLE/EAGLE-3 per chain depth and per (top-k, depth) tree,
-  a draft model per chain length ``k``.
+  a draft model per chain length ``k``; a family with a ``profile_drafter`` hook measures its own settings
+  (DFlash: the one block forward, chain and per tree width).
 
 The JSON records the device name, dtype, threads, torch version and the target's identity; :func:`check_profile`
 warns (naming both) when a profile from another device or target is used.
@@ -441,6 +442,9 @@ def measure_head(head: Any, head_type: str, model: Any, kv_length: int, calls: i
     from specgraft.heads.registry import get_family
 
     family = get_family(head_type)
+    if "profile_drafter" in family.hooks:
+        # A family that measures its own drafting settings (DFlash: one block forward per width).
+        return family.hooks["profile_drafter"](head, timed)
     if family.tuning == "medusa":
         # A static tree from per-depth top-k accuracies: one call runs `h` heads and fills (and reports q for) the
         # tree's nodes, so the cost goes by heads and nodes.

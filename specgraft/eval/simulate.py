@@ -310,7 +310,7 @@ def predict_on_profile(report_path: Path, domain: str | None, profile_path: Path
                        draft_length: int | None) -> dict[str, Any]:
     """Predict the report's setting (or a chain truncated to ``draft_length``) on a cost profile's device."""
     from specgraft.eval.cost import CostProfile, check_profile
-    from specgraft.eval.tune import _finish, _profile_label, kind_of, predict_setting
+    from specgraft.eval.tune import _profile_label, finish_candidate, kind_of, predict_setting
 
     measured = read_report_profile(report_path, domain)
     profile = CostProfile.load(profile_path)
@@ -321,7 +321,7 @@ def predict_on_profile(report_path: Path, domain: str | None, profile_path: Path
     except SpecgraftError:
         raise SpecgraftError(f"--cost-profile predicts head and draft-model drafters, not {head_type!r}") from None
     mode = drafter.get("mode") or "chain"
-    depth = int(draft_length or drafter.get("k") or len(measured["reach"] or []))
+    depth = int(draft_length or drafter.get("k") or drafter.get("depth") or len(measured["reach"] or []))
     if kind == "medusa":
         paths = (measured.get("statistics") or {}).get("static_tree_paths")
         if not paths:
@@ -333,8 +333,10 @@ def predict_on_profile(report_path: Path, domain: str | None, profile_path: Path
         setting = ({"mode": "chain", "depth": depth} if mode == "chain" else
                    {"mode": "tree", "depth": depth, "top_k": drafter.get("top_k"),
                     "total_tokens": drafter.get("tree_size")})
-    else:
+    elif kind == "draft_model":
         setting = {"mode": "chain", "k": depth}
+    else:  # a family's own search (DFlash): a chain of `depth` slots or `top_k` per slot
+        setting = {"mode": mode, "depth": depth, **({"top_k": drafter.get("top_k")} if mode == "tree" else {})}
     for message in check_profile(profile, measured.get("target"), None):
         print(f"warning: {message}", file=sys.stderr)
     calibration = {"reach": measured["reach"] or [], "statistics": measured.get("statistics"),
@@ -345,7 +347,7 @@ def predict_on_profile(report_path: Path, domain: str | None, profile_path: Path
     c = predict_setting(kind, setting, profile, costs, calibration)
     if measured["reach"]:
         c.expected_accepted = float(sum(measured["reach"][:depth]))
-        c = _finish(c, profile.plain_step_s)
+        c = finish_candidate(c, profile.plain_step_s)
     return {"setting": c.setting, "tau": 1 + c.expected_accepted, "tokens_per_s": c.tokens_per_s,
             "speedup": c.speedup, "draft_s": c.draft_s, "step_s": c.step_s, "device": profile.summary(),
             "measured": {"tau": measured["tau"], "speedup": measured["speedup"]}}

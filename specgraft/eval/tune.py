@@ -20,6 +20,8 @@ Candidates and their predicted acceptance:
   nodes (the dynamic tree picks its nodes by draft confidence, which the static optimum approximates).
 * Draft models: chains of ``k`` tokens; ``E = sum_{d<=k} reach[d]`` from a chain calibration at the largest ``k``
   (exact for greedy decoding).
+* Other kinds: the head family's own search, registered as hooks (:data:`SEARCH_HOOKS`; DFlash's chains and
+  per-slot trees, :mod:`specgraft.heads.dflash.tune`); this module ranks, confirms and records them alike.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,10 @@ DEFAULTS = {"medusa": {"mode": "tree", "tree_size": 64}, "eagle": {"mode": "tree
             "draft_model": {"mode": "chain", "k": 4}}
 #: Fields a calibration report must have.
 CALIBRATION_FIELDS = ("steps", "depth_accepted")
+#: The tuning kinds this module searches itself; any other kind is a head family's own search (its hooks).
+BUILTIN_KINDS = ("medusa", "eagle", "draft_model")
+#: The hooks a family's own search registers (see :class:`specgraft.heads.registry.HeadFamily`).
+SEARCH_HOOKS = ("default_setting", "tune_candidates", "tune_predict", "setting_label", "same_setting")
 
 
 @dataclass
@@ -72,7 +78,8 @@ class Candidate:
 
 def kind_of(head_type: str) -> str:
     """How a drafter is tuned: ``draft_model``, or the head family's registered tuning strategy (``medusa``: a
-    static tree from per-depth top-k accuracies; ``eagle``: a dynamic tree; EAGLE-1/2 and EAGLE-3 tune alike)."""
+    static tree from per-depth top-k accuracies; ``eagle``: a dynamic tree, EAGLE-1/2 and EAGLE-3 alike; any other
+    kind is the family's own search through its hooks, e.g. ``dflash``)."""
     if head_type == "draft_model":
         return head_type
     from specgraft.heads.registry import get_family
@@ -84,7 +91,25 @@ def kind_of(head_type: str) -> str:
     return kind
 
 
-def _finish(c: Candidate, plain_step_s: float) -> Candidate:
+def family_search(kind: str) -> Mapping[str, Callable[..., Any]]:
+    """The hooks of the head family whose own search is the tuning kind ``kind`` (e.g. DFlash's)."""
+    from specgraft.heads.registry import family_names, get_family
+
+    for name in family_names():
+        family = get_family(name)
+        if family.tuning == kind:
+            missing = [hook for hook in SEARCH_HOOKS if hook not in family.hooks]
+            if missing:
+                raise SpecgraftError(f"the {name} head family declares tuning {kind!r} but registers no "
+                                     f"{', '.join(missing)} hook; register them or set tuning=None")
+            return family.hooks
+    raise SpecgraftError(f"no head family searches the tuning kind {kind!r}; re-run `specgraft tune` with this "
+                         "version")
+
+
+def finish_candidate(c: Candidate, plain_step_s: float) -> Candidate:
+    """Fill in a candidate's predicted tokens/s, ``(1 + E[accepted]) / (draft + step)``, and its speedup over a
+    plain step."""
     c.tokens_per_s = (1.0 + c.expected_accepted) / (c.draft_s + c.step_s)
     c.speedup = c.tokens_per_s * plain_step_s
     return c
@@ -141,8 +166,8 @@ def medusa_candidates(profile: CostProfile, drafter: dict[str, Any], probs: Sequ
             chain = _is_chain(paths)
             setting = {"mode": "chain" if chain else "tree", "depth": depth, "tree_size": nodes + 1,
                        "paths": [list(p) for p in paths]}
-            out.append(_finish(Candidate(setting, value, medusa_call_cost(per_call, depth, nodes),
-                                         profile.step_cost(nodes + 1, tree=not chain)), profile.plain_step_s))
+            out.append(finish_candidate(Candidate(setting, value, medusa_call_cost(per_call, depth, nodes),
+                                                  profile.step_cost(nodes + 1, tree=not chain)), profile.plain_step_s))
     return out
 
 
@@ -157,8 +182,8 @@ def eagle_candidates(profile: CostProfile, drafter: dict[str, Any], probs: Seque
         value *= row[0] if row else 0.0
         reach.append(value)
         if str(d) in chain_s and d + 1 <= max(profile.step_s["chain"]):
-            out.append(_finish(Candidate({"mode": "chain", "depth": d}, sum(reach), chain_s[str(d)],
-                                         profile.step_cost(d + 1, tree=False)), profile.plain_step_s))
+            out.append(finish_candidate(Candidate({"mode": "chain", "depth": d}, sum(reach), chain_s[str(d)],
+                                                  profile.step_cost(d + 1, tree=False)), profile.plain_step_s))
     measured_counts = sorted(profile.step_s.get("tree") or {})
     for key, draft in tree_s.items():
         top_k, depth = (int(x) for x in key.split(","))
@@ -174,8 +199,8 @@ def eagle_candidates(profile: CostProfile, drafter: dict[str, Any], probs: Seque
             if not paths or max(len(p) for p in paths) < depth:
                 continue
             setting = {"mode": "tree", "top_k": top_k, "depth": depth, "total_tokens": total}
-            out.append(_finish(Candidate(setting, value, draft, profile.step_cost(total, tree=True)),
-                               profile.plain_step_s))
+            out.append(finish_candidate(Candidate(setting, value, draft, profile.step_cost(total, tree=True)),
+                                        profile.plain_step_s))
     return out
 
 
@@ -202,8 +227,9 @@ def draft_model_candidates(profile: CostProfile, drafter: dict[str, Any], reach:
         if k > len(reach) or k + 1 > max(profile.step_s["chain"]):
             continue
         accepted = float(sum(reach[:k]))
-        out.append(_finish(Candidate({"mode": "chain", "k": k}, accepted, draft_model_cost(drafter, k, accepted),
-                                     profile.step_cost(k + 1, tree=False)), profile.plain_step_s))
+        draft = draft_model_cost(drafter, k, accepted)
+        out.append(finish_candidate(Candidate({"mode": "chain", "k": k}, accepted, draft,
+                                              profile.step_cost(k + 1, tree=False)), profile.plain_step_s))
     return out
 
 
@@ -256,6 +282,9 @@ def candidates_for(kind: str, profile: CostProfile, drafter_costs: dict[str, Any
             raise SpecgraftError("tuning a draft model needs a chain calibration run (its reach rates predict every "
                                  "shorter chain); calibrate with --mode chain")
         return rank_and_pick(draft_model_candidates(profile, drafter_costs, calibration["reach"]))
+    if kind not in BUILTIN_KINDS:
+        predictions = family_search(kind)["tune_candidates"](profile, drafter_costs, calibration)
+        return rank_and_pick([finish_candidate(Candidate(**p), profile.plain_step_s) for p in predictions])
     if not calibration.get("statistics"):
         raise SpecgraftError("the calibration report has no acceptance_statistics (per depth and rank); re-run "
                              "`specgraft eval` with this version for the head")
@@ -278,8 +307,11 @@ def predict_setting(kind: str, setting: dict[str, Any], profile: CostProfile, dr
             raise SpecgraftError(f"the calibration chain reached depth {len(calibration['reach'])}; it cannot "
                                  f"predict k={k}")
         accepted = float(sum(calibration["reach"][:k]))
-        return _finish(Candidate(dict(setting), accepted, draft_model_cost(drafter_costs, k, accepted),
-                                 profile.step_cost(k + 1, tree=False)), plain)
+        return finish_candidate(Candidate(dict(setting), accepted, draft_model_cost(drafter_costs, k, accepted),
+                                          profile.step_cost(k + 1, tree=False)), plain)
+    if kind not in BUILTIN_KINDS:
+        prediction = family_search(kind)["tune_predict"](setting, profile, drafter_costs, calibration)
+        return finish_candidate(Candidate(**prediction), plain)
     if not calibration.get("statistics"):
         raise SpecgraftError("the calibration report has no acceptance_statistics (per depth and rank); re-run "
                              "`specgraft eval` with this version for the head")
@@ -288,16 +320,17 @@ def predict_setting(kind: str, setting: dict[str, Any], profile: CostProfile, dr
         paths = [tuple(p) for p in setting["paths"]]
         depth = max(len(p) for p in paths)
         per_call = drafter_costs.get("per_call_s") or {}
-        return _finish(Candidate(dict(setting), tree_value(paths, probs), medusa_call_cost(per_call, depth, len(paths)),
-                                 profile.step_cost(len(paths) + 1, tree=not _is_chain(paths))), plain)
+        draft = medusa_call_cost(per_call, depth, len(paths))
+        return finish_candidate(Candidate(dict(setting), tree_value(paths, probs), draft,
+                                          profile.step_cost(len(paths) + 1, tree=not _is_chain(paths))), plain)
     depth = int(setting["depth"])
     if setting.get("mode") == "chain":
         value, reach = 1.0, 0.0
         for row in probs[:depth]:
             value *= row[0] if row else 0.0
             reach += value
-        return _finish(Candidate(dict(setting), reach, _table(drafter_costs, "chain_s")[str(depth)],
-                                 profile.step_cost(depth + 1, tree=False)), plain)
+        return finish_candidate(Candidate(dict(setting), reach, _table(drafter_costs, "chain_s")[str(depth)],
+                                          profile.step_cost(depth + 1, tree=False)), plain)
     top_k, total = int(setting["top_k"]), int(setting["total_tokens"])
     tree_s = _table(drafter_costs, "tree_s")
     key = f"{top_k},{depth}"
@@ -305,10 +338,12 @@ def predict_setting(kind: str, setting: dict[str, Any], profile: CostProfile, dr
         raise SpecgraftError(f"the cost profile has no EAGLE tree cost for top-k {top_k}, depth {depth}; re-run "
                              "`specgraft profile` for this head")
     value, _ = optimal_tree(probs, total - 1, max_depth=depth, max_rank=top_k)
-    return _finish(Candidate(dict(setting), value, tree_s[key], profile.step_cost(total, tree=True)), plain)
+    return finish_candidate(Candidate(dict(setting), value, tree_s[key], profile.step_cost(total, tree=True)), plain)
 
 
 def same_setting(kind: str, a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if kind not in BUILTIN_KINDS:
+        return bool(family_search(kind)["same_setting"](a, b))
     keys = {"medusa": ("mode", "tree_size", "depth"), "eagle": ("mode", "depth", "top_k", "total_tokens"),
             "draft_model": ("mode", "k")}[kind]
     if kind == "eagle" and a.get("mode") == "chain" == b.get("mode"):
@@ -349,7 +384,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specgraft tune``."""
     parser.add_argument("--target", required=True, help="target model: a transformers folder or Hub id")
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--head", type=Path, help="trained head folder (medusa, eagle or eagle3)")
+    which.add_argument("--head", type=Path, help="trained head folder (medusa, eagle, eagle3 or dflash)")
     which.add_argument("--draft", type=Path, help="draft model folder")
     parser.add_argument("--prompts", nargs="*", type=Path, default=[],
                         help="calibration prompt files (the confirming evals run on them too)")
@@ -381,6 +416,8 @@ def drafter_for(kind: str, head_or_draft: Any, setting: dict[str, Any]) -> Any:
 
 
 def setting_label(kind: str, setting: dict[str, Any]) -> str:
+    if kind not in BUILTIN_KINDS:
+        return str(family_search(kind)["setting_label"](setting))
     if kind == "medusa":
         return f"{setting.get('mode')} of {setting.get('tree_size')} tokens, depth {setting.get('depth')}"
     if kind == "eagle":
@@ -416,29 +453,36 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
     warnings = check_profile(profile, target.identity.to_dict(), str(target.device))
     for message in warnings:
         logger.warning("%s", message)
-    default_setting = dict(DEFAULTS[kind])
+    default_setting = dict(DEFAULTS.get(kind, {}))
+    hooks: Mapping[str, Callable[..., Any]] = {}
+    if kind != "draft_model":
+        from specgraft.heads.registry import family_of
+
+        hooks = family_of(drafter_source).hooks
+    if "default_setting" in hooks:
+        # The family's untuned setting as it drafts it (Medusa: the tree built from the head's stored accuracies).
+        default_setting = hooks["default_setting"](drafter_source)
     if calibration is None:
-        calib_setting = {"mode": "chain", "k": DRAFT_CALIBRATION_K} if kind == "draft_model" else default_setting
+        if kind == "draft_model":
+            calib_setting = {"mode": "chain", "k": DRAFT_CALIBRATION_K}
+        elif "calibration_setting" in hooks:
+            # A family whose one wider calibration run predicts every candidate (DFlash: the widest tree).
+            calib_setting = hooks["calibration_setting"](drafter_source)
+        else:
+            calib_setting = default_setting
         logger.info("calibration eval of %s at %s", kind, setting_label(kind, calib_setting) if kind != "medusa"
                     else "the default tree")
         report = run_eval(target, drafter_for(kind, drafter_source, calib_setting), prompts, out_dir / "calibration",
                           settings=settings, progress=progress,
                           drafter_info=drafter_info(kind, head_type, str(source_dir), calib_setting, "calibration"))
         calibration = (report, str(out_dir / "calibration" / "report.json"))
-        calibration_is_default = kind != "draft_model"  # heads calibrate at their default setting
+        # Heads calibrate at their default setting unless their family calibrates wider.
+        calibration_is_default = kind != "draft_model" and same_setting(kind, calib_setting, default_setting)
     report, calibration_path = calibration
     numbers = calibration_numbers(report, calibration_path)
     costs = profile.drafter(_profile_label(profile, kind, source_dir))
     candidates = candidates_for(kind, profile, costs, numbers, prior)
     chosen = candidates[0]
-    default_hook = None
-    if kind != "draft_model":
-        from specgraft.heads.registry import family_of
-
-        default_hook = family_of(drafter_source).hooks.get("default_setting")
-    if default_hook is not None:
-        # The family's untuned setting as it drafts it (Medusa: the tree built from the head's stored accuracies).
-        default_setting = default_hook(drafter_source)
     try:
         default: Candidate | None = predict_setting(kind, default_setting, profile, costs, numbers, prior)
     except SpecgraftError as exc:  # e.g. a profile that stops short of the default's 60-64 tokens
@@ -479,9 +523,12 @@ def _profile_label(profile: CostProfile, kind: str, source_dir: Path) -> str:
                          f"{source_dir}`")
 
 
-def is_default_run(kind: str, report: dict[str, Any]) -> bool:
+def is_default_run(kind: str, report: dict[str, Any], source: Any = None) -> bool:
     """Whether an eval report was measured at the drafter's default setting (then it doubles as the default's
-    confirming measurement)."""
+    confirming measurement); ``source``: the head, for a family's own search."""
+    if kind not in BUILTIN_KINDS:
+        hook = family_search(kind).get("is_default_run")
+        return bool(hook(report, source)) if hook is not None else False
     drafter = report.get("drafter") or {}
     default = DEFAULTS[kind]
     if kind == "medusa":
@@ -555,7 +602,8 @@ def run(args: argparse.Namespace) -> int:
     result, record = tune(target, kind, head_type, source, source_dir, prompts, args.out or source_dir / "tune",
                           profile=profile, calibration=calibration, settings=settings,
                           confirm=not args.no_confirm, prior=prior,
-                          calibration_is_default=calibration is not None and is_default_run(kind, calibration[0]))
+                          calibration_is_default=calibration is not None and is_default_run(kind, calibration[0],
+                                                                                       source))
     atomic_write_json(tuned_file, record)
     print_result(result, profile)
     print(f"wrote {tuned_file}; `specgraft eval --head/--draft {source_dir}` now uses it (a setting flag wins)")

@@ -28,10 +28,11 @@ if TYPE_CHECKING:  # annotations only
     from specgraft.eval.drafter import Drafter
     from specgraft.heads.base import DraftHead
 
-#: How ``specgraft tune`` searches a family's drafting settings: a static tree built from per-depth top-k
-#: accuracies (Medusa; the tuned.json ``kind`` "medusa") or a dynamic top-k tree expanded by the draft's own
-#: probabilities (EAGLE; kind "eagle"). None: the family is not tunable (eval uses its defaults / flags).
-Tuning = Literal["medusa", "eagle"] | None
+#: How ``specgraft tune`` searches a family's drafting settings (the tuned.json ``kind``): a static tree built from
+#: per-depth top-k accuracies ("medusa"), a dynamic top-k tree expanded by the draft's own probabilities
+#: ("eagle"), or any other name for the family's own search through its ``tune_*`` hooks (DFlash: "dflash").
+#: None: the family is not tunable (eval uses its defaults / flags).
+Tuning = Literal["medusa", "eagle"] | str | None
 
 #: Built-in families, imported on the first lookup.
 BUILTIN_FAMILIES: tuple[str, ...] = ("medusa", "eagle", "eagle3", "dflash")
@@ -107,7 +108,16 @@ class HeadFamily:
     """Optional family hooks, by name: ``train_step(trainer, recipe) -> TrainStep | None`` (a family-specific
     training step, e.g. Medusa-2's), ``train_metrics(head, batches) -> dict`` (measured once after training, e.g.
     Medusa's per-head top-k accuracy, stored in head_config.json), ``tuning_prior(head) -> list | None``,
-    ``default_setting(head) -> dict`` (the untuned setting ``tune`` compares against)."""
+    ``default_setting(head) -> dict`` (the untuned setting ``tune`` compares against), ``apply_tuned(config,
+    fmt, engines)`` (a tuned setting into an engine config), ``profile_drafter(head, timed) -> dict`` (the
+    family's cost-profile section; ``timed(drafter)`` times one propose call).
+
+    A family with its own search (``tuning`` not "medusa"/"eagle") also registers ``tune_candidates(profile,
+    costs, calibration) -> [prediction]`` and ``tune_predict(setting, profile, costs, calibration) ->
+    prediction`` (a prediction: a dict of ``setting``, ``expected_accepted``, ``draft_s``, ``step_s``),
+    ``setting_label(setting) -> str``, ``same_setting(a, b) -> bool`` and optionally
+    ``calibration_setting(head) -> dict`` (the calibration eval's setting, default: the default setting) and
+    ``is_default_run(report, head) -> bool`` (see :mod:`specgraft.eval.tune`)."""
 
     @property
     def formats(self) -> tuple[str, ...]:

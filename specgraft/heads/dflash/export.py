@@ -306,6 +306,18 @@ def from_engine(fmt: str, tensors: Mapping[str, torch.Tensor], config: Mapping[s
     return state
 
 
+def apply_tuned(config: dict[str, Any], fmt: str, engines: Mapping[str, Any]) -> None:
+    """A tuned draft length (``specgraft tune``) reaches vLLM/speculators as the proposal's ``speculative_tokens``
+    (vLLM drafts that many of the block's slots; a tuned per-slot tree is served as its spine, a chain of the
+    same depth, since vLLM's DFlash proposer drafts chains)."""
+    tokens = (engines.get("vllm") or {}).get("num_speculative_tokens")
+    if fmt != "vllm" or tokens is None:
+        return
+    slots = int(config["block_size"]) - 1
+    for method in config["speculators_config"]["proposal_methods"]:
+        method["speculative_tokens"] = min(int(tokens), slots)
+
+
 def describe(cfg: Mapping[str, Any], size: str) -> str:
     vocab = cfg.get("draft_vocab_size") or "the full"
     tokens = int(cfg.get("block_size", 8)) - 1
