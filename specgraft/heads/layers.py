@@ -138,6 +138,12 @@ def causal_additive_mask(
     return additive_from_visible(allowed, dtype)[:, None]
 
 
+def diagonal_additive_mask(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive mask [1, 1, T, T]: 0 on the diagonal (query i sees key i only), the dtype's minimum elsewhere."""
+    visible = torch.eye(length, dtype=torch.bool, device=device)[None]  # [1, T, T]
+    return additive_from_visible(visible, dtype)[:, None]
+
+
 # -- attention ---------------------------------------------------------------------------------------------------
 class TTTKeys:
     """Keys/values of the unrolled steps of training-time test, per draft layer.
@@ -197,12 +203,22 @@ def eagle_attention_forward(
     groups = heads // kv_heads
     scale = scaling if scaling is not None else head_dim**-0.5
     p_drop = dropout if module.training else 0.0
-    if not extra and not softcap:
-        # Plain masked attention (step 0, decoding): torch's fused kernel.
+    if not softcap:
+        if extra:
+            # The diagonal keys as s more key blocks, each open only on its own row ([Q, Q] diagonal mask): the
+            # same joint softmax, through torch's fused kernel, which never holds the [B, H, Q, K + s] scores and
+            # weights for the backward (a plain matmul + softmax keeps ~ 2 of them per step and layer).
+            block = attention_mask if attention_mask is not None else query.new_zeros(1, 1, q_len, k_len)
+            diagonal = diagonal_additive_mask(q_len, query.dtype, query.device).expand(block.shape[0], -1, -1, -1)
+            attention_mask = torch.cat([block, *[diagonal] * len(extra)], dim=-1)  # [B or 1, 1, Q, K + s*Q]
+            key = torch.cat([key, *(k for k, _ in extra)], dim=2)  # [B, Hkv, K + s*Q, d]
+            value = torch.cat([value, *(v for _, v in extra)], dim=2)
+        # Plain masked attention (step 0, decoding) too: torch's fused kernel.
         out = F.scaled_dot_product_attention(query, _repeat_kv(key, groups), _repeat_kv(value, groups),
                                              attn_mask=attention_mask, dropout_p=p_drop, scale=scale)
         return out.transpose(1, 2).contiguous(), None
-    # Grouped-query attention without repeating keys: the G query heads of a KV head share one matmul.
+    # Soft-capped scores (Gemma-2) cannot go through the fused kernel: explicit scores [B, H, Q, K + s]. Grouped-
+    # query attention without repeating keys: the G query heads of a KV head share one matmul.
     q_grouped = query.reshape(bsz, kv_heads, groups * q_len, head_dim)
     scores = torch.matmul(q_grouped, key.transpose(-1, -2)).view(bsz, kv_heads, groups, q_len, k_len) * scale
     q5 = q_grouped.view(bsz, kv_heads, groups, q_len, head_dim)

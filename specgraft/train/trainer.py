@@ -438,13 +438,25 @@ class RecipeTrainer:
                    disable=not (self.show_progress and acc.is_local_main_process), dynamic_ncols=True)
         # Per optimizer step of the current log window: key -> this process's value (see _reduce_window).
         window: list[dict[str, torch.Tensor]] = []
-        # step_tokens: this process's tokens in the current optimizer step; log_tokens: all processes' tokens since
-        # the last log line (for the logged throughput).
-        step_tokens, log_tokens, window_start = 0, 0, time.perf_counter()
+        # Device tensors until they are read (log lines, checkpoints, the end): no host sync per micro-step.
+        # step_tokens: this process's tokens in the current optimizer step; unread_tokens: all processes' tokens
+        # not yet added to self.tokens_seen; log_tokens: all processes' tokens since the last log line.
+        step_tokens = torch.zeros((), dtype=torch.long, device=acc.device)
+        unread_tokens = torch.zeros((), dtype=torch.long, device=acc.device)
+        log_tokens, window_start = 0, time.perf_counter()
         start_tokens, start_time = self.tokens_seen, time.perf_counter()
         last_good = None
         steady_start, steady_tokens = None, 0
         batches = self._batches()
+
+        def read_tokens() -> int:
+            """Add the unread token count to tokens_seen (one host sync); returns it."""
+            nonlocal unread_tokens
+            count = int(unread_tokens)
+            self.tokens_seen += count
+            unread_tokens = torch.zeros_like(unread_tokens)
+            return count
+
         while self.step < tr.max_steps:
             group = [next(batches) for _ in range(acc.gradient_accumulation_steps)]
             group, num_items = self._prepare_step(group)
@@ -457,6 +469,9 @@ class RecipeTrainer:
                 next_step = self.step + 1
                 head.metrics_enabled = next_step % tr.log_every == 0 or next_step == tr.max_steps
             micro_values: dict[str, list[torch.Tensor]] = {}
+            # Whether a micro-batch's loss of this optimizer step was inf/NaN, kept on the device and read once,
+            # before the step's last backward: no parameter (hence no checkpoint) ever takes a non-finite update.
+            non_finite = torch.zeros((), dtype=torch.bool, device=acc.device)
             for batch in group:
                 self.micro_step += 1
                 with acc.accumulate(step_module):
@@ -466,9 +481,12 @@ class RecipeTrainer:
                         else:
                             result = step_module(batch, self.step, num_items=num_items)
                     loss = result.loss
-                    if not torch.isfinite(loss.detach()):
+                    micro_values.setdefault("loss", []).append(loss.detach())
+                    non_finite |= ~torch.isfinite(loss.detach())
+                    if acc.sync_gradients and bool(non_finite):
+                        bad = next(v for v in micro_values["loss"] if not torch.isfinite(v))
                         raise SpecgraftError(
-                            f"the loss became {loss.item()} at step {self.step + 1}; the last good checkpoint is "
+                            f"the loss became {bad.item()} at step {self.step + 1}; the last good checkpoint is "
                             f"{last_good or 'none (no checkpoint written yet)'}; lower training.learning_rate or "
                             "check the data")
                     acc.backward(loss * loss_scale if loss_scale != 1 else loss)
@@ -478,21 +496,21 @@ class RecipeTrainer:
                     if acc.sync_gradients:
                         self.scheduler.step()
                     self.optimizer.zero_grad(set_to_none=True)
-                step_tokens += int(batch["attention_mask"].sum())
-                micro_values.setdefault("loss", []).append(loss.detach())
+                step_tokens += batch["attention_mask"].sum()
                 for key, value in result.metrics.items():
                     micro_values.setdefault(key, []).append(value.detach())
             # Token-weighted values are shares of the step's global value (summed); per-micro means are averaged.
             window.append({k: torch.stack(v).float().sum() if num_items is not None else torch.stack(v).float().mean()
                            for k, v in micro_values.items()})
             self.step += 1
-            all_tokens = int(acc.reduce(torch.tensor(step_tokens, device=acc.device), "sum"))
-            self.tokens_seen += all_tokens
-            log_tokens += all_tokens
+            unread_tokens += acc.reduce(step_tokens, "sum")
+            step_tokens = torch.zeros_like(step_tokens)
             if steady_start is None:  # throughput after the first (warm-up) step
+                log_tokens += read_tokens()
                 steady_start, steady_tokens = time.perf_counter(), self.tokens_seen
             bar.update(1)
             if self.step % tr.log_every == 0 or self.step == tr.max_steps:
+                log_tokens += read_tokens()
                 logs = self._reduce_window(window, token_weighted=num_items is not None)
                 elapsed = time.perf_counter() - window_start
                 logs["lr"] = self.scheduler.get_last_lr()[0]
@@ -500,9 +518,9 @@ class RecipeTrainer:
                 acc.log(logs, step=self.step)
                 bar.set_postfix(loss=f"{logs['loss']:.3f}", tok_s=f"{logs['tokens_per_s']:.0f}")
                 window, window_start, log_tokens = [], time.perf_counter(), 0
-            step_tokens = 0
             self.train_step.after_optimizer_step(self)
             if self.step % tr.checkpoint_every == 0 or self.step == tr.max_steps:
+                log_tokens += read_tokens()  # the checkpoint records tokens_seen
                 last_good = self.save_checkpoint() or last_good
         bar.close()
         elapsed = time.perf_counter() - start_time

@@ -244,3 +244,46 @@ def test_bad_inputs(tiny_llama):
     good.feature_layers = [0, 9]  # e.g. a hand-edited head_config.json
     with pytest.raises(SpecgraftError, match="out of range"):
         Eagle3Head(good, target)
+
+
+def test_ttt_attention_equals_the_explicit_joint_softmax_with_its_gradients():
+    """The fused TTT attention (diagonal keys as diagonal-masked key blocks through SDPA) against the written-out
+    formula: scores ``[q_i . K0[j], masked] ++ [q_i . Kr[i] for r = 1..s]``, one softmax, values alike; GQA
+    (4 query heads on 2 KV heads) and a padded row; outputs and gradients of every step's q, k, v."""
+    from types import SimpleNamespace
+
+    from specgraft.heads.layers import TTTKeys, eagle_attention_forward
+
+    batch, heads, kv_heads, length, dim, steps = 2, 4, 2, 7, 8, 3
+    gen = torch.Generator().manual_seed(3)
+    qkv = [[torch.randn(batch, n, length, dim, generator=gen, requires_grad=True) for n in (heads, kv_heads, kv_heads)]
+           for _ in range(steps)]
+    key_valid = torch.ones(batch, length, dtype=torch.bool)
+    key_valid[1, -2:] = False
+    mask = causal_additive_mask(length, key_valid, torch.float32, torch.device("cpu"))  # [B, 1, T, T]
+    module = SimpleNamespace(layer_idx=0, training=True)
+    state = TTTKeys()
+    fused = [eagle_attention_forward(module, q, k, v, mask, scaling=dim ** -0.5, eagle_ttt=state)[0]
+             for q, k, v in qkv]  # each [B, T, H, d]
+
+    def explicit(s: int) -> torch.Tensor:
+        q = qkv[s][0]
+        keys = [qkv[r][1].repeat_interleave(heads // kv_heads, dim=1) for r in range(s + 1)]
+        values = [qkv[r][2].repeat_interleave(heads // kv_heads, dim=1) for r in range(s + 1)]
+        block = q @ keys[0].transpose(-1, -2) * dim ** -0.5 + mask  # [B, H, T, T]
+        diag = [(q * k).sum(-1, keepdim=True) * dim ** -0.5 for k in keys[1:]]  # each [B, H, T, 1]
+        weights = torch.softmax(torch.cat([block, *diag], dim=-1), dim=-1)
+        out = weights[..., :length] @ values[0]
+        for r in range(1, s + 1):
+            out = out + weights[..., length + r - 1 : length + r] * values[r]
+        return out.transpose(1, 2)
+
+    reference = [explicit(s) for s in range(steps)]
+    weights = [torch.randn(o.shape, generator=gen) for o in reference]
+    grads = torch.autograd.grad(sum((o * w).sum() for o, w in zip(fused, weights)), [t for s in qkv for t in s])
+    ref_grads = torch.autograd.grad(sum((o * w).sum() for o, w in zip(reference, weights)),
+                                    [t for s in qkv for t in s])
+    for got, want in zip(fused, reference):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)

@@ -189,7 +189,8 @@ class EagleHead(EagleHeadBase):
         if self.training and self.config.feature_noise > 0:
             a = self.config.feature_noise
             inputs = inputs + (torch.rand_like(inputs) * 2.0 - 1.0) * a
-        key_valid = None if bool(real.all()) else real[:, 1:]  # pair i holds token i+1
+        # Padding keys always masked (all ones gives the plain causal mask): testing for padding is a host sync.
+        key_valid = real[:, 1:]  # pair i holds token i+1
         mask = causal_additive_mask(length, key_valid, inputs.dtype, inputs.device)  # [B or 1, 1, L, L]
         positions = torch.arange(length, device=inputs.device)[None]  # [1, L]
         pred = self.features_forward(input_ids[:, 1:], inputs, positions, mask)  # [B, L, h]: pair i -> f^_{i+1}

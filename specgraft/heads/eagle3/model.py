@@ -185,9 +185,9 @@ class Eagle3Head(EagleHeadBase):
         hidden = self.input_features(target_out.hidden_states)  # [B, T, h]
         embeds = self.embed(input_ids)  # [B, T, h]
         real = batch.get("attention_mask")
-        key_valid = None
-        if real is not None and not bool(real.bool().all()):
-            key_valid = F.pad(real.bool()[:, 1:], (0, 1), value=False)  # pair i holds token i+1
+        # Padding keys masked whenever there is an attention mask (all ones gives the plain causal mask): testing
+        # whether there is padding would read the mask on the host every micro-step.
+        key_valid = None if real is None else F.pad(real.bool()[:, 1:], (0, 1), value=False)  # pair i: token i+1
         mask = causal_additive_mask(seq_len, key_valid, hidden.dtype, hidden.device)  # [B or 1, 1, T, T]
         base_positions = torch.arange(seq_len, device=hidden.device)[None]  # [1, T]
         state = TTTKeys()
