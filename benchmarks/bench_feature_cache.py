@@ -122,7 +122,7 @@ def main() -> int:
             row = {"dtype": dtype, "seed": seed, "command": run["command"], "wall_s": run["wall_s"],
                    "loss_last": run["loss_last"],
                    "cache": {k: s.get(k) for k in ("feature_cache_bytes", "feature_cache_bytes_per_token",
-                                                   "feature_cache_payload_bytes_per_token", "feature_cache_layers",
+                                                   "feature_cache_payload_bytes_per_token", "feature_cache_dtype",
                                                    "eagle1_fp16_bytes_per_token")},
                    "tau": overall["tau"], "lossless": overall["lossless_passed"],
                    "lossless_check": overall["lossless_check"],

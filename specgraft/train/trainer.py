@@ -339,7 +339,6 @@ class RecipeTrainer:
                                 "feature_cache_bytes_per_token": round(info.bytes_per_token, 2),
                                 "feature_cache_payload_bytes_per_token": info.payload_bytes_per_token,
                                 "feature_cache_dtype": info.dtype,
-                                "feature_cache_layers": list(info.layers),
                                 "eagle1_fp16_bytes_per_token": info.eagle1_bytes_per_token})
         logger.info("training from the feature cache %s (%.1f B/token vs EAGLE-1's %d)", cache_dir,
                     info.bytes_per_token, info.eagle1_bytes_per_token)

@@ -146,9 +146,9 @@ def test_decoded_cache_matches_the_target_and_pads_with_zeros(tmp_path):
             # it for those rows); a later row's value outside it is clamped to the range's end.
             low, high = codec.low[k], codec.low[k] + codec.step[k] * 255
             inside = ref[layer][0].clamp(low, high)
-            if i < 5:
-                torch.testing.assert_close(inside, ref[layer][0], rtol=0, atol=0)
-            assert float(((got[layer] - inside).abs() / codec.step[k]).max()) <= 0.5 + 1e-4
+            if i < 5:  # (up to the cache's batched forward vs this single-row one: ~1e-8)
+                torch.testing.assert_close(inside, ref[layer][0], rtol=0, atol=1e-6)
+            assert float(((got[layer] - inside).abs() / codec.step[k]).max()) <= 0.5 + 1e-3
     batch = cache.collate([dict(rows[i], features=cache.features(i)) for i in (0, 1)], pad_token_id=0)
     n0, n1 = len(rows[0]["input_ids"]), len(rows[1]["input_ids"])
     short, width = min(n0, n1), max(n0, n1)
@@ -211,8 +211,8 @@ def test_training_from_a_compressed_cache_through_the_cli(tiny_run, tmp_path, ca
     assert cli_main(["train", str(recipe), "--no-progress"]) == 0
     summary = json.loads((tmp_path / "vq" / "train_summary.json").read_text())
     assert summary["steps"] == 3 and summary["feature_cache_dtype"] == "vq"
-    layers = summary["feature_cache_layers"]
-    assert len(layers) >= 2  # EAGLE-3's fused layers and the last one, all coded together
+    # EAGLE-3's fused layers (1, 2, 3 on this 4-layer target) and the last one, all coded together.
+    assert json.loads((cache_dir / feat.INDEX).read_text())["layers"] == [1, 2, 3, 4]
     assert summary["feature_cache_payload_bytes_per_token"] == HIDDEN * 7 // 8
     assert (tmp_path / "vq" / "head" / "head.safetensors").is_file()
     capsys.readouterr()
