@@ -119,9 +119,11 @@ def read_loss_curve(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def train_one(name: str, recipe: str, features: str, model_dir: Path, split: dict[str, Any], work: Path,
-              args: argparse.Namespace) -> dict[str, Any]:
-    """``specgraft train RECIPE overrides`` in a child process; returns train_summary.json plus run facts."""
-    out_dir = work / "runs" / f"{name}-{features}"
+              args: argparse.Namespace, extra_overrides: tuple[str, ...] = (), run_name: str | None = None
+              ) -> dict[str, Any]:
+    """``specgraft train RECIPE overrides`` in a child process (output in ``runs/<run_name or name-features>``);
+    returns train_summary.json plus run facts."""
+    out_dir = work / "runs" / (run_name or f"{name}-{features}")
     overrides = [
         f"model.name_or_path={model_dir}",
         f"data.path={split['train_text']}",
@@ -132,13 +134,14 @@ def train_one(name: str, recipe: str, features: str, model_dir: Path, split: dic
         f"training.features={features}",
         f"output.dir={out_dir}",
         "output.overwrite=true",
+        *extra_overrides,
     ]
     cmd = [sys.executable, "-m", "specgraft", "train", str(ROOT / recipe), *overrides, "--no-progress"]
     threads = str(args.threads)
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     start = time.perf_counter()
-    log = out_dir.parent / f"{name}-{features}.log"
+    log = out_dir.parent / f"{out_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w", encoding="utf-8") as fh:
         rc = subprocess.call(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)

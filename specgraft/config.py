@@ -201,7 +201,12 @@ class TrainingConfig:
     """online (target forward each step) | offline (precomputed feature cache)."""
     feature_cache_dir: str | None = None
     feature_dtype: str = "bfloat16"
-    """Storage dtype of an offline feature cache: bfloat16 | float16 (float32: exact, for tests and debugging)."""
+    """Storage of an offline feature cache: bfloat16 | float16 (float32: exact, for tests and debugging), or
+    compressed: int8 | int4 (per-channel affine, L*h or L*h/2 B/token) | vq (one feature_vq_bits-bit code per channel
+    per token for all the stored layers together: h*bits/8 B/token). Part of the cache's key."""
+    feature_vq_bits: int = 7
+    """Bits per channel code of feature_dtype=vq (1-8; 7 keeps the cache under half of EAGLE-1's fp16 bytes/token
+    with the codebook counted)."""
     train_metrics_batches: int = 16
     """Micro-batches of held-out data (training rows when there is no eval split) that the family's post-training
     measurement reads (Medusa: each head's top-k accuracy, from which its static tree is built)."""
@@ -227,7 +232,9 @@ class TrainingConfig:
         check_choice(f"{path}.lr_scheduler", self.lr_scheduler, ("cosine", "linear", "constant"))
         check_choice(f"{path}.mixed_precision", self.mixed_precision, ("no", "bf16", "fp16"))
         check_choice(f"{path}.features", self.features, ("online", "offline"))
-        check_choice(f"{path}.feature_dtype", self.feature_dtype, ("bfloat16", "float16", "float32"))
+        check_choice(f"{path}.feature_dtype", self.feature_dtype,
+                     ("bfloat16", "float16", "float32", "int8", "int4", "vq"))
+        check_range(f"{path}.feature_vq_bits", self.feature_vq_bits, 1, 8)
 
 
 @dataclass

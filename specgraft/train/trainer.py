@@ -319,7 +319,6 @@ class RecipeTrainer:
             CachedFeatureDataset,
             build_feature_cache,
             cache_layers,
-            collate_with_features,
             open_feature_cache,
         )
 
@@ -333,16 +332,18 @@ class RecipeTrainer:
         with self.accelerator.main_process_first():
             if self.accelerator.is_main_process:
                 build_feature_cache(target, self.dataset, cache_dir, stored, dtype=tr.feature_dtype,
-                                    show_progress=self.show_progress)
-            cache = open_feature_cache(cache_dir, target, stored)
+                                    show_progress=self.show_progress, vq_bits=tr.feature_vq_bits)
+            cache = open_feature_cache(cache_dir, target, stored, dtype=tr.feature_dtype, vq_bits=tr.feature_vq_bits)
         info = cache.info
         self.data_facts.update({"feature_cache_bytes": info.bytes,
-                                "feature_cache_bytes_per_token": round(info.bytes_per_token, 1),
+                                "feature_cache_bytes_per_token": round(info.bytes_per_token, 2),
+                                "feature_cache_payload_bytes_per_token": info.payload_bytes_per_token,
+                                "feature_cache_dtype": info.dtype,
                                 "eagle1_fp16_bytes_per_token": info.eagle1_bytes_per_token})
         logger.info("training from the feature cache %s (%.1f B/token vs EAGLE-1's %d)", cache_dir,
                     info.bytes_per_token, info.eagle1_bytes_per_token)
         self.dataset = CachedFeatureDataset(self.dataset, cache)
-        return collate_with_features
+        return cache.collate
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def unwrapped_head(self) -> DraftHead | None:
