@@ -76,7 +76,8 @@ class DataConfig:
     num_proc: int = 1
     seed: int = 0
     regenerate: bool = False
-    """Train on the target's own rewrites of the assistant turns (self-distillation; matters for chat targets)."""
+    """Train on the target's own rewrites of the assistant turns (self-distillation; matters for chat targets). For
+    plain text, each paragraph becomes its first sentence followed by the target's continuation of it."""
     regenerate_max_new_tokens: int = 512
     regenerate_temperature: float = 0.0
 

@@ -405,13 +405,16 @@ def _regenerate_key(cfg: DataConfig, tokenizer: Any, model: Any) -> str:
 def _regenerated_records(
     cfg: DataConfig, tokenizer: Any, model: Any, records: datasets.Dataset, cache: Path, regen_key: str | None
 ) -> datasets.Dataset:
-    from specgraft.data.regenerate import regenerate
+    from specgraft.data.regenerate import continue_texts, regenerate
 
-    if not is_conversations(records):
-        raise SpecgraftError(
-            f"data.regenerate needs conversations but {cfg.path} is plain text; set data.regenerate: false"
-        )
     out = cache / "regenerated" / f"{Path(cfg.path).name or 'data'}-{(regen_key or '')[:16]}.jsonl"
+    if not is_conversations(records):
+        # Plain text (a story target): each paragraph becomes its first sentence + the target's continuation.
+        with _main_process_first():
+            if not out.exists():
+                continue_texts(model, tokenizer, records, out, max_new_tokens=cfg.regenerate_max_new_tokens,
+                               temperature=cfg.regenerate_temperature, seed=cfg.seed)
+            return load_records(out, "text", cache_dir=cache, num_proc=cfg.num_proc)
     # Every process takes part (rows are sharded across them); the output is resumable after an interruption.
     regenerate(
         model,

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,7 +31,7 @@ from typing import Any
 
 from specgraft.data.collate import pad_token_id
 from specgraft.data.generate import generate_batch, generation_config, ids_past_tokenizer
-from specgraft.data.tokenize import prompt_ids, stop_token_ids, tokenizer_key, with_system_prompt
+from specgraft.data.tokenize import _encode, prompt_ids, stop_token_ids, tokenizer_key, with_system_prompt
 from specgraft.errors import SpecgraftError
 from specgraft.utils.io import atomic_path, atomic_write_json
 from specgraft.utils.seeds import derive_seed
@@ -335,6 +336,78 @@ def regenerate(
         logger.info("%s", total.summary())
     state.wait_for_everyone()
     return total
+
+
+#: A paragraph's first sentence: up to the first ``.``, ``!`` or ``?`` (and a closing quote) before a space or the end.
+FIRST_SENTENCE = re.compile(r"(.+?[.!?][\"\u201d]?)(\s|$)")
+#: Paragraphs generated together in plain-text regeneration (left-padded; prompts are one sentence, so similar).
+TEXT_BATCH_SIZE = 64
+
+
+def first_sentence(text: str) -> str:
+    """``text``'s first sentence, whitespace collapsed (the whole paragraph when no sentence ends in it)."""
+    flat = " ".join(text.split())
+    match = FIRST_SENTENCE.match(flat)
+    return match.group(1) if match else flat
+
+
+def continue_texts(
+    model: Any,
+    tokenizer: Any,
+    records: Any,
+    out_path: str | os.PathLike,
+    *,
+    batch_size: int = TEXT_BATCH_SIZE,
+    max_new_tokens: int = 512,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> RegenerateStats:
+    """Plain-text self-distillation: every paragraph is replaced by its first sentence and ``model``'s continuation.
+
+    A story target decodes from a one-sentence prompt (BOS + the sentence, no template), so its drafter should
+    learn the target's own continuations of such prompts, not the human text after them. The prompt is BOS (when
+    the tokenizer has one) + :func:`first_sentence`; the continuation stops at the first stop token (dropped: the
+    tokenizer adds EOS back when the text is tokenised for training) or after ``max_new_tokens``. Writes JSON lines
+    ``{"id": <row>, "text": <sentence + continuation>}`` in row order, atomically (a rerun starts over).
+
+    Args:
+        model: a transformers causal LM (on its device).
+        tokenizer: its tokenizer.
+        records: plain-text records (a Dataset with ``text`` and optionally ``row``, or dicts with ``text``).
+        out_path: the JSONL file to write.
+        batch_size: paragraphs generated together (left padding).
+        max_new_tokens: longest continuation.
+        temperature: 0 for greedy decoding (what greedy speculative decoding verifies against), else sampling.
+        seed: sampling seed (each batch derives its own from its first row).
+    """
+    texts = list(records["text"]) if hasattr(records, "column_names") else [r["text"] for r in records]
+    if hasattr(records, "column_names"):
+        rows = list(records["row"]) if "row" in records.column_names else list(range(len(texts)))
+    else:
+        rows = [int(r.get("row", i)) for i, r in enumerate(records)]
+    stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None), use_chat_template=False)
+    config = generation_config(max_new_tokens, temperature, pad_token_id(tokenizer, stops), stops,
+                               suppress_tokens=ids_past_tokenizer(model, tokenizer))
+    bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+    stats = RegenerateStats()
+    started = time.perf_counter()
+    with atomic_path(Path(out_path)) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        for lo in range(0, len(texts), batch_size):
+            sentences = [first_sentence(t) for t in texts[lo:lo + batch_size]]
+            prompts = [bos + _encode(tokenizer, s) for s in sentences]
+            results = generate_batch(model, prompts, config, derive_seed(seed, int(rows[lo])))
+            for row, prompt, (tokens, stopped) in zip(rows[lo:lo + batch_size], prompts, results):
+                body = tokens[:-1] if stopped else tokens  # [new tokens], the stop token dropped
+                text = tokenizer.decode(prompt + body, skip_special_tokens=True)
+                fh.write(json.dumps({"id": int(row), "text": text}, ensure_ascii=False) + "\n")
+                stats.rows += 1
+                stats.replies += 1
+                stats.new_tokens += len(body)
+                stats.truncated_replies += 0 if stopped else 1
+    stats.seconds = time.perf_counter() - started
+    logger.info("continued %d paragraphs from their first sentence: %d new tokens in %.1fs (%.1f tokens/s)",
+                stats.rows, stats.new_tokens, stats.seconds, stats.tokens_per_s)
+    return stats
 
 
 @dataclass(frozen=True)

@@ -417,3 +417,73 @@ def test_cli_first_reply_only_and_threads(tmp_path, gen_model, sharegpt_file, ca
     assert f"({len(conversations)} replies" in printed.out
     rows = _read(out)
     assert [len(r["messages"]) for r in rows] == [2, 3, 2]
+
+
+# -- plain text (a story target): each paragraph becomes its first sentence + the target's continuation ----------
+PARAGRAPHS = ["Once upon a time, there was a cat.  It sat\non a mat.", '"Hello!" said the dog. He ran.',
+              "no sentence end here"]
+
+
+def test_first_sentence_of_a_paragraph():
+    assert [regen_module.first_sentence(p) for p in PARAGRAPHS] == [
+        "Once upon a time, there was a cat.", '"Hello!"', "no sentence end here"]
+    assert regen_module.first_sentence("Where is Tom?\u201d she asked. Then") == "Where is Tom?\u201d"
+
+
+def _text_reference(model, tok, text: str, max_new_tokens: int = MAX_NEW) -> str:
+    """One paragraph continued with a plain, unbatched model.generate call."""
+    stops = stop_token_ids(tok, model.generation_config, use_chat_template=False)
+    bos = [] if tok.bos_token_id is None else [tok.bos_token_id]
+    prompt = bos + tok(regen_module.first_sentence(text), add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=stops, pad_token_id=tok.pad_token_id)
+    new = out[0, ids.shape[1]:].tolist()
+    new = new[: next((k for k, t in enumerate(new) if t in stops), len(new))]
+    return tok.decode(prompt + new, skip_special_tokens=True)
+
+
+def test_continue_texts_equals_one_by_one_generate(tmp_path, gen_model, tok_plain):
+    (stop,) = stop_token_ids(tok_plain, gen_model.generation_config, use_chat_template=False)
+    with torch.no_grad():
+        # The tiny model's greedy continuation of the third paragraph is 38 171 256 ...: EOS made to outscore 256
+        # ends that one after 2 tokens, while the other two (which never pick 256) run to max_new_tokens.
+        gen_model.lm_head.weight[stop] = gen_model.lm_head.weight[256] * 1.05
+    out = tmp_path / "stories.jsonl"
+    records = [{"text": p, "row": 10 + i} for i, p in enumerate(PARAGRAPHS)]
+    stats = regen_module.continue_texts(gen_model, tok_plain, records, out, batch_size=2, max_new_tokens=MAX_NEW)
+    rows = _read(out)
+    assert [r["id"] for r in rows] == [10, 11, 12]
+    assert [r["text"] for r in rows] == [_text_reference(gen_model, tok_plain, p) for p in PARAGRAPHS]
+    for row, paragraph in zip(rows, PARAGRAPHS):
+        assert row["text"].startswith(regen_module.first_sentence(paragraph))
+    assert stats.rows == 3 and stats.new_tokens == MAX_NEW + MAX_NEW + 2  # the stop token is not kept
+    assert stats.truncated_replies == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stories.jsonl"]  # written atomically, no leftovers
+
+
+def test_build_dataset_trains_on_the_continued_text(tmp_path, gen_model, tok_plain, caplog):
+    text = tmp_path / "stories.txt"
+    text.write_text("\n\n".join(PARAGRAPHS) + "\n", encoding="utf-8")
+    cfg = DataConfig(path=str(text), format="text", cache_dir=str(tmp_path / "cache"), regenerate=True,
+                     regenerate_max_new_tokens=MAX_NEW)
+    train = build_dataset(cfg, tok_plain, model=gen_model)["train"]
+    (regen_file,) = (tmp_path / "cache" / "regenerated").glob("*.jsonl")
+    rows = _read(regen_file)
+    assert [r["text"] for r in rows] == [_text_reference(gen_model, tok_plain, p) for p in PARAGRAPHS]
+    trained = sorted(tok_plain.decode(r["input_ids"], skip_special_tokens=True) for r in train)
+    assert trained == sorted(r["text"] for r in rows)  # the target's continuations, not the human text
+    assert not any("It sat" in t or "He ran" in t for t in trained)
+    with caplog.at_level(logging.INFO, logger="specgraft.data.dataset"):
+        build_dataset(cfg, tok_plain, model=gen_model)
+    assert "data cache hit" in caplog.text
+
+
+def test_stories260k_medusa_recipe_trains_on_the_targets_greedy_continuations():
+    """The shipped stories260K Medusa recipe self-distils (README, "Medusa on stories260K": held-out tree tau 1.89 on
+    the human text, 2.70 on the target's continuations, at the same 600 steps)."""
+    from specgraft.config import load_recipe
+
+    data = load_recipe(REPO / "recipes" / "medusa" / "stories260k.yaml").data
+    assert (data.format, data.regenerate, data.regenerate_temperature) == ("text", True, 0.0)
+    assert (data.num_samples, data.regenerate_max_new_tokens) == (1536, 160)
