@@ -255,8 +255,10 @@ class Eagle3Head(EagleHeadBase):
                       num_items: dict[str, torch.Tensor] | None = None) -> HeadLoss:
         """:func:`eagle3_ttt_loss`, computed on the scored rows only and chunk by chunk over them
         (:func:`~specgraft.heads.losses.linear_cross_entropy`): the draft lm_head, the target distribution restricted
-        to the draft vocabulary and the soft cross-entropy are never materialised as [tokens, vocab] tensors. Step
-        s is divided by ``num_items["step{s}"]`` when given (see :meth:`DraftHead.training_loss`)."""
+        to the draft vocabulary and the soft cross-entropy are never materialised as [tokens, vocab] tensors (nor is
+        HASS's top-K term, ``hass_topk`` > 0, computed in the same chunks). Step s is divided by
+        ``num_items["step{s}"]`` when given (see :meth:`DraftHead.training_loss`); ``loss/step{s}`` logs its soft
+        cross-entropy, ``loss/topk/step{s}`` its top-K term."""
         target_logits = self._soft_targets(target_out)
         outputs = self.ttt_outputs(batch, target_out)
         labels = _label_positions(batch)  # [B, T]
