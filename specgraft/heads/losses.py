@@ -53,6 +53,23 @@ def soft_cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor, mask: t
     return masked_mean(ce, mask, num_items)
 
 
+def topk_distillation(logits: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor, k: int,
+                      num_items: torch.Tensor | int | None = None) -> torch.Tensor:
+    """HASS's harmonized objective distillation: the mean over masked positions of
+    ``-sum_{v in topK(p)} p(v) log softmax(logits)(v)``.
+
+    ``topK(p)`` are the ``k`` most likely tokens of the target distribution ``target_probs`` [..., V] (clipped to
+    V); p is NOT renormalised over them and the log-softmax is over the whole vocabulary of ``logits`` [..., V], as
+    in the HASS reference, so the term is the part of the soft cross-entropy on the target's likeliest tokens
+    (gradient only through ``logits``; divided by ``num_items`` instead of the mask's sum when given).
+    """
+    probs = target_probs.float()
+    top = probs.topk(min(int(k), probs.shape[-1]), dim=-1).indices  # [..., k]
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    ce = -(probs.gather(-1, top) * logp.gather(-1, top)).sum(-1)
+    return masked_mean(ce, mask, num_items)
+
+
 @torch.no_grad()
 def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, k: int = 1) -> torch.Tensor:
     """Fraction of masked positions whose label is among the top-``k`` logits."""
@@ -116,25 +133,70 @@ def linear_cross_entropy(
     """
     if (labels is None) == (target_logits is None):
         raise ValueError("linear_cross_entropy needs exactly one of labels and target_logits")
+    total, _, rank = _linear_losses(hidden, weight, bias, labels, target_logits, target_rows, target_columns,
+                                    0, 0.0, with_rank, chunk_elements)
+    return total, rank
+
+
+def linear_topk_distillation(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    target_logits: torch.Tensor,
+    topk: int,
+    topk_weight: float,
+    target_rows: torch.Tensor | None = None,
+    target_columns: torch.Tensor | None = None,
+    with_rank: bool = False,
+    chunk_elements: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`linear_cross_entropy` (soft targets) plus ``topk_weight`` times HASS's top-K distillation term, in
+    the same chunks (one projection, nothing [N, V] kept).
+
+    With ``p = softmax(target_logits[target_rows][:, target_columns])`` and ``q = softmax(hidden @ weight.T +
+    bias)`` per row, the differentiable sum is ``sum_rows [-sum_v p_v log q_v + topk_weight * -sum_{v in topK(p)}
+    p_v log q_v]``: the second term is :func:`topk_distillation`'s (p not renormalised over its top ``topk``).
+
+    Returns:
+        (the scalar fp32 sum of both terms, the scalar top-K term's sum alone (no gradient; for metrics), the [N]
+        int32 ranks or None).
+    """
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"linear_topk_distillation needs topk >= 1, got {topk!r}")
+    total, topk_sum, rank = _linear_losses(hidden, weight, bias, None, target_logits, target_rows, target_columns,
+                                           topk, float(topk_weight), with_rank, chunk_elements)
+    return total, topk_sum.detach(), rank
+
+
+def _linear_losses(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   labels: torch.Tensor | None, target_logits: torch.Tensor | None,
+                   target_rows: torch.Tensor | None, target_columns: torch.Tensor | None, topk: int,
+                   topk_weight: float, with_rank: bool, chunk_elements: int | None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """What :func:`linear_cross_entropy` and :func:`linear_topk_distillation` share (see them)."""
     grad_enabled = torch.is_grad_enabled()
     needs = tuple(grad_enabled and t is not None and t.requires_grad for t in (hidden, weight, bias))
     budget = LOGITS_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
     rows_per_chunk = max(1, budget // max(weight.shape[0], 1))
     return _LinearCrossEntropy.apply(hidden, weight, bias, labels, target_logits, target_rows, target_columns,
-                                     with_rank, rows_per_chunk, needs)
+                                     topk, topk_weight, with_rank, rows_per_chunk, needs)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
-    """Chunked projection + cross-entropy with the gradients computed in the forward (see linear_cross_entropy)."""
+    """Chunked projection + cross-entropy (+ an optional weighted top-K term) with the gradients computed in the
+    forward (see linear_cross_entropy and linear_topk_distillation)."""
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 labels: torch.Tensor | None, target_logits: torch.Tensor | None, target_rows: torch.Tensor | None,
-                target_columns: torch.Tensor | None, with_rank: bool, rows_per_chunk: int,
-                needs: tuple[bool, bool, bool]) -> tuple[torch.Tensor, torch.Tensor | None]:
+                target_columns: torch.Tensor | None, topk: int, topk_weight: float, with_rank: bool,
+                rows_per_chunk: int, needs: tuple[bool, bool, bool]
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         need_hidden, need_weight, need_bias = needs
         num_rows = hidden.shape[0]
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        topk_total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         rank = torch.empty(num_rows, dtype=torch.int32, device=hidden.device) if with_rank else None
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
@@ -155,16 +217,24 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 probs = torch.softmax(rows.float(), dim=-1)  # [n, V]
                 total += -(probs * logp).sum()
                 ref = probs.argmax(-1) if rank is not None else None  # [n]: the target's top-1
+                if topk:
+                    top = probs.topk(min(topk, probs.shape[-1]), dim=-1).indices  # [n, k]
+                    top_probs = probs.gather(-1, top)  # [n, k]
+                    topk_total += -(top_probs * logp.gather(-1, top)).sum()
             if rank is not None:
                 rank[start:end] = (logits > logits.gather(-1, ref.unsqueeze(-1))).sum(-1, dtype=torch.int32)
             if not (need_hidden or need_weight or need_bias):
                 continue
             # d/dlogits of -sum_v p_v log softmax(z)_v is softmax(z) * sum(p) - p = softmax(z) - p, p being a
-            # distribution (hard labels: p one-hot).
+            # distribution (hard labels: p one-hot). The top-K term sums over S = topK(p) only:
+            # softmax(z) * p(S) - p restricted to S, added with its weight w.
             grad_logits = logp.exp_()  # [n, V], reusing logp's memory
             if probs is None:
                 grad_logits.scatter_add_(-1, ref.unsqueeze(-1), grad_logits.new_full((end - start, 1), -1.0))
             else:
+                if topk:
+                    grad_logits.mul_(1.0 + topk_weight * top_probs.sum(-1, keepdim=True))
+                    grad_logits.scatter_add_(-1, top, -topk_weight * top_probs)
                 grad_logits.sub_(probs)
             grad_logits = grad_logits.to(weight.dtype)
             if need_hidden:
@@ -173,15 +243,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 grad_weight.addmm_(grad_logits.t(), x.to(grad_logits.dtype))
             if need_bias:
                 grad_bias += grad_logits.sum(0)
+        if topk:
+            total += topk_weight * topk_total
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.mark_non_differentiable(topk_total)
         if rank is not None:
             ctx.mark_non_differentiable(rank)
-        return total, rank
+        return total, topk_total, rank
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad_total: torch.Tensor, _grad_rank: Any) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, grad_total: torch.Tensor, _grad_topk: Any, _grad_rank: Any
+                 ) -> tuple[torch.Tensor | None, ...]:
         stored = ctx.saved_tensors
         grads = [None if g is None else (g * grad_total).to(dtype) for g, dtype in zip(stored, ctx.dtypes)]
-        return (*grads, None, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None, None, None)

@@ -178,3 +178,146 @@ def test_short_sequences_give_a_zero_loss(tiny_llama):
     loss = head.training_loss({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, out).loss
     assert loss.item() == 0.0 and not math.isnan(loss.item())
     loss.backward()  # keeps a graph, so a trainer's backward does not fail
+
+
+# -- HASS: harmonized context alignment (ttt_steps) and objective distillation (hass_topk) ----------------------
+def test_loss_with_topk_distillation_matches_direct_reference():
+    g = torch.Generator().manual_seed(1)
+    pred, nxt = torch.randn(2, 6, 8, generator=g), torch.randn(2, 6, 8, generator=g)
+    draft_logits, target_logits = torch.randn(2, 6, 13, generator=g), torch.randn(2, 6, 13, generator=g) * 2
+    mask = (torch.rand(2, 6, generator=g) > 0.3).float()
+    plain, _ = eagle1_loss(pred, draft_logits, nxt, target_logits, mask)
+    loss, metrics = eagle1_loss(pred, draft_logits, nxt, target_logits, mask, topk=4, topk_weight=0.5)
+    topk_sum, count = 0.0, int(mask.sum())
+    for b in range(2):
+        for i in range(6):
+            if mask[b, i]:
+                p = torch.softmax(target_logits[b, i].double(), -1)
+                logq = torch.log_softmax(draft_logits[b, i].double(), -1)
+                top = p.argsort(descending=True)[:4]  # not renormalised over the top-4
+                topk_sum += float(-(p[top] * logq[top]).sum())
+    assert metrics["loss/topk"].item() == pytest.approx(topk_sum / count, rel=1e-5)
+    assert loss.item() == pytest.approx(plain.item() + 0.5 * topk_sum / count, rel=1e-5)
+
+
+def test_alignment_passes_equal_sequential_drafting(tiny_arch):
+    """Pass s at index i (all i in parallel, training-time-test keys) == the drafter's KV-cache decoding s tokens
+    after pair i, each step fed its own previous output feature (mirrors EAGLE-3's TTT test)."""
+    target = Target(tiny_model(tiny_arch))
+    head = _head(target, ttt_steps=3, num_layers=2).eval()
+    seq_len = 9
+    ids = torch.randint(6, 300, (1, seq_len))
+    out = target(ids, layers=head.required_layers())
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        parallel = head.align_outputs(batch, out)
+        assert len(parallel) == 3 and parallel[0].shape == (1, seq_len - 1, target.hidden_size)
+        feats = head.input_features(out.hidden_states)
+        for i in range(seq_len - 1):
+            cache = DynamicCache()
+            mask = causal_additive_mask(i + 1, None, torch.float32, ids.device)
+            hidden, _ = head.draft_forward(ids[:, 1 : i + 2], feats[:, : i + 1], torch.arange(i + 1)[None], mask,
+                                           cache)
+            hidden = hidden[:, -1:]
+            torch.testing.assert_close(hidden[0, 0], parallel[0][0, i], atol=1e-5, rtol=1e-5)
+            for s in range(1, 3):
+                if i + s + 1 >= seq_len:
+                    break
+                hidden, _ = head.draft_forward(ids[:, i + s + 1 : i + s + 2], hidden, torch.tensor([[i + s]]),
+                                               torch.zeros(1, 1, 1, i + 1 + s), cache)
+                torch.testing.assert_close(hidden[0, 0], parallel[s][0, i], atol=1e-5, rtol=1e-5)
+
+
+def test_hass_training_loss_equals_the_loss_on_sequentially_drafted_rows(tiny_llama):
+    """ttt_steps 3 + top-K: each pass scored on the features the drafter computes s tokens ahead (padding and
+    prompt tokens left out), decayed and summed; the metrics carry each pass's terms."""
+    target = Target(tiny_llama)
+    steps, decay, topk, topk_weight = 3, 0.7, 5, 0.6
+    head = _head(target, feature_noise=0.0, ttt_steps=steps, loss_decay=decay, hass_topk=topk,
+                 hass_topk_weight=topk_weight).eval()
+    batch = _batch()
+    out = target(batch["input_ids"], batch["attention_mask"], layers=head.required_layers(), logits=True)
+    got = head.training_loss(batch, out)
+    feats = out.hidden_states[target.num_layers]
+    ids, real, labels = batch["input_ids"], batch["attention_mask"].bool(), batch["loss_mask"].bool()
+    rows = {s: ([], [], []) for s in range(steps)}  # pass -> (draft features, next features, target logits)
+    with torch.no_grad():
+        for b in range(ids.shape[0]):
+            n = int(real[b].sum())
+            for i in range(n - 1):
+                cache = DynamicCache()
+                mask = causal_additive_mask(i + 1, None, torch.float32, ids.device)
+                hidden, _ = head.draft_forward(ids[b : b + 1, 1 : i + 2], feats[b : b + 1, : i + 1],
+                                               torch.arange(i + 1)[None], mask, cache)
+                hidden = hidden[:, -1:]
+                for s in range(steps):
+                    if s:
+                        if i + s + 1 >= n:
+                            break
+                        hidden, _ = head.draft_forward(ids[b : b + 1, i + s + 1 : i + s + 2], hidden,
+                                                       torch.tensor([[i + s]]), torch.zeros(1, 1, 1, i + 1 + s), cache)
+                    if i + s + 2 < n and labels[b, i + s + 2]:
+                        rows[s][0].append(hidden[0, 0])
+                        rows[s][1].append(feats[b, i + s + 1])
+                        rows[s][2].append(out.logits[b, i + s + 1])
+        ref = 0.0
+        for s in range(steps):
+            pred = torch.stack(rows[s][0])
+            loss, metrics = eagle1_loss(pred, head.logits(pred), torch.stack(rows[s][1]), torch.stack(rows[s][2]),
+                                        torch.ones(len(rows[s][0])), topk=topk, topk_weight=topk_weight)
+            ref += decay**s * loss.item()
+            suffix = "" if s == 0 else f"/step{s}"
+            for key in ("loss/feature", "loss/logit", "loss/topk"):
+                assert got.metrics[key + suffix].item() == pytest.approx(metrics[key].item(), rel=1e-4), (key, s)
+            assert got.metrics[f"top1/step{s}"].item() == pytest.approx(metrics["top1/step0"].item())
+    assert got.loss.item() == pytest.approx(ref, rel=1e-4)
+    assert head.loss_item_counts(batch) == {f"step{s}": len(rows[s][0]) for s in range(steps)}
+    # Gradients reach every parameter through all passes; the target stays untouched.
+    head.train()
+    head.training_loss(batch, out).loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
+    assert all(p.grad is None for p in target.model.parameters())
+
+
+def test_hass_is_training_only_the_saved_head_is_the_same(tmp_path, tiny_llama):
+    """The HASS switches change the loss, not the head: the same weights and tensor names, and the one-pass
+    defaults give exactly the plain EAGLE-1 loss."""
+    target = Target(tiny_llama)
+    plain = _head(target).eval()
+    hass = _head(target, ttt_steps=3, hass_topk=10).eval()
+    assert plain.state_dict().keys() == hass.state_dict().keys()
+    assert all(torch.equal(plain.state_dict()[k], hass.state_dict()[k]) for k in plain.state_dict())
+    a = load_file(str(plain.save_pretrained(tmp_path / "plain") / "head.safetensors"))
+    b = load_file(str(hass.save_pretrained(tmp_path / "hass") / "head.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert load_head(target, tmp_path / "hass").config == hass.config
+    batch = _batch()
+    out = target(batch["input_ids"], batch["attention_mask"], layers=plain.required_layers(), logits=True)
+    one_pass = _head(target, ttt_steps=1, hass_topk=0).eval()
+    assert one_pass.training_loss(batch, out).loss.item() == plain.training_loss(batch, out).loss.item()
+    assert hass.training_loss(batch, out).loss.item() != plain.training_loss(batch, out).loss.item()
+
+
+def test_bad_hass_config(tiny_llama):
+    for field, value, match in (("ttt_steps", 0, "ttt_steps"), ("loss_decay", 0.0, "loss_decay"),
+                                ("hass_topk", -1, "hass_topk"), ("hass_topk_weight", -0.5, "hass_topk_weight")):
+        with pytest.raises(SpecgraftError, match=match):
+            EagleConfig(**{field: value}).validate()
+    target = Target(tiny_llama)
+    with pytest.raises(SpecgraftError, match="at most"):
+        EagleConfig(hass_topk=target.vocab_size + 1).resolve(target)
+
+
+@pytest.mark.parametrize("head_type", ["eagle", "eagle3"])
+def test_recipe_hass_switches_are_checked_with_their_path(head_type):
+    from specgraft.config import Recipe, from_dict
+    from specgraft.errors import ConfigError
+
+    base = {"model": {"name_or_path": "org/model"}, "data": {"path": "data.jsonl"}, "output": {"dir": "out"}}
+    recipe = from_dict(Recipe, {**base, "head": {"type": head_type, "hass_topk": 10, "ttt_steps": 3}})
+    assert (recipe.head.hass_topk, recipe.head.hass_topk_weight, recipe.head.ttt_steps) == (10, 1.0, 3)
+    defaults = from_dict(Recipe, {**base, "head": {"type": head_type}}).head
+    assert defaults.hass_topk == 0  # off unless asked for
+    for field, value in (("hass_topk", -1), ("hass_topk_weight", -1.0), ("ttt_steps", 0), ("loss_decay", 1.5)):
+        with pytest.raises(ConfigError, match=rf"^head\.{field} must be"):
+            from_dict(Recipe, {**base, "head": {"type": head_type, field: value}})

@@ -287,3 +287,81 @@ def test_ttt_attention_equals_the_explicit_joint_softmax_with_its_gradients():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+# -- HASS: harmonized objective distillation (hass_topk) -----------------------------------------------------------
+def test_ttt_loss_with_topk_distillation_matches_direct_reference():
+    """Each step gains topk_weight * -sum over the K likeliest tokens of the target's draft-vocab distribution of
+    p log q (p restricted to the draft vocab and renormalised there, not over the top-K)."""
+    g = torch.Generator().manual_seed(3)
+    bsz, seq_len, vocab, steps, k, weight = 2, 8, 12, 3, 3, 0.4
+    chosen = [0, 1, 3, 4, 6, 8, 9, 11]
+    d2t = torch.tensor([c - i for i, c in enumerate(chosen)])
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[chosen] = True
+    target_logits = torch.randn(bsz, seq_len, vocab, generator=g) * 2
+    step_logits = [torch.randn(bsz, seq_len, len(chosen), generator=g) for _ in range(steps)]
+    loss_mask = (torch.rand(bsz, seq_len, generator=g) > 0.2).long()
+    plain, plain_steps = eagle3_ttt_loss(step_logits, target_logits, loss_mask, d2t, t2d, decay=0.8)
+    loss, per_step = eagle3_ttt_loss(step_logits, target_logits, loss_mask, d2t, t2d, decay=0.8, topk=k,
+                                     topk_weight=weight)
+    extra = 0.0
+    for s in range(steps):
+        terms = []
+        for b in range(bsz):
+            for i in range(seq_len):
+                tok, pos = i + s + 2, i + s + 1
+                if tok >= seq_len or not loss_mask[b, tok] or int(target_logits[b, pos].argmax()) not in chosen:
+                    continue
+                p = torch.softmax(target_logits[b, pos, chosen].double(), -1)
+                logq = torch.log_softmax(step_logits[s][b, i].double(), -1)
+                top = p.argsort(descending=True)[:k]
+                terms.append(float(-(p[top] * logq[top]).sum()))
+        extra += 0.8**s * weight * (sum(terms) / len(terms) if terms else 0.0)
+        assert per_step[s].item() == pytest.approx(plain_steps[s].item(), rel=1e-6)  # L_s: the soft CE alone
+    assert loss.item() == pytest.approx(plain.item() + extra, rel=1e-5)
+
+
+@pytest.mark.parametrize("draft_vocab_size", [150, None])
+def test_hass_training_loss_and_gradients_equal_the_reference(tiny_llama, monkeypatch, draft_vocab_size):
+    """The chunked path with the top-K term (several chunks per step) gives the reference loss, its per-step
+    metrics and its gradients for every trainable parameter."""
+    import specgraft.heads.losses as losses
+
+    monkeypatch.setattr(losses, "LOGITS_CHUNK_ELEMENTS", 5 * 150)
+    target = Target(tiny_llama)
+    head = _head(target, counts=_counts(target.vocab_size), ttt_steps=3, draft_vocab_size=draft_vocab_size,
+                 hass_topk=10, hass_topk_weight=0.5).eval()
+    batch = _batch()
+    out = target(batch["input_ids"], batch["attention_mask"], layers=head.required_layers(), logits=True)
+    params = [p for p in head.parameters() if p.requires_grad]
+    got = head.training_loss(batch, out)
+    got_grads = torch.autograd.grad(got.loss, params)
+    step_logits = head.ttt_logits(batch, out)
+    ref, per_step = eagle3_ttt_loss(step_logits, out.logits, batch["loss_mask"], head.d2t, head.t2d, decay=0.8,
+                                    topk=10, topk_weight=0.5)
+    ref_grads = torch.autograd.grad(ref, params)
+    torch.testing.assert_close(got.loss, ref, rtol=1e-5, atol=1e-6)
+    for name, g, r in zip([n for n, p in head.named_parameters() if p.requires_grad], got_grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6, msg=name)
+    plain = _head(target, counts=_counts(target.vocab_size), ttt_steps=3, draft_vocab_size=draft_vocab_size).eval()
+    plain_loss = plain.training_loss(batch, out)
+    for s in range(3):
+        assert got.metrics[f"loss/step{s}"].item() == pytest.approx(per_step[s].item(), rel=1e-5)
+        assert got.metrics[f"loss/step{s}"].item() == pytest.approx(plain_loss.metrics[f"loss/step{s}"].item(),
+                                                                    rel=1e-5)  # same weights: the same soft CE
+        assert 0.0 < got.metrics[f"loss/topk/step{s}"].item() <= got.metrics[f"loss/step{s}"].item()
+    assert "loss/topk/step0" not in plain_loss.metrics
+    # Training only: the saved head is the plain one.
+    assert plain.state_dict().keys() == head.state_dict().keys()
+    assert all(torch.equal(plain.state_dict()[k], head.state_dict()[k]) for k in head.state_dict())
+
+
+def test_bad_hass_config(tiny_llama):
+    target = Target(tiny_llama)
+    cls = head_class("eagle3")
+    with pytest.raises(SpecgraftError, match="hass_topk"):
+        cls.Config(hass_topk=-1).resolve(target)
+    with pytest.raises(SpecgraftError, match="at most 100"):
+        cls.Config(draft_vocab_size=100, hass_topk=101).resolve(target)
+    with pytest.raises(SpecgraftError, match="hass_topk_weight"):
+        cls.Config(hass_topk=10, hass_topk_weight=float("nan")).resolve(target)

@@ -22,6 +22,11 @@ family's extra norms/biases, e.g. Gemma's feed-forward norms or Qwen2's q/k/v bi
 Loss (:func:`eagle1_loss`): ``feature_loss_weight * SmoothL1(f^_{i+1}, f_{i+1}) + logit_loss_weight *
 softCE(lm_head(f^_{i+1}), softmax(target logits at i+1))`` over positions whose predicted token ``x_{i+2}`` is a
 loss (assistant) token; uniform noise U(-a, a) is added to the input features during training.
+
+HASS (Zhang et al. 2024, training only; the head and its export are unchanged): ``ttt_steps`` > 1 unrolls the
+draft on its own output features with EAGLE-3's training-time-test attention (harmonized context alignment,
+:meth:`EagleHead.align_outputs`), and ``hass_topk`` > 0 adds a top-K distillation term (harmonized objective
+distillation) to every pass's loss.
 """
 
 from __future__ import annotations
@@ -38,12 +43,13 @@ from specgraft.heads.eagle.config import EagleConfig
 from specgraft.heads.layers import (
     EAGLE_ATTENTION,
     RotaryPositions,
+    TTTKeys,
     build_decoder_layer,
     causal_additive_mask,
     draft_layer_config,
     register_eagle_attention,
 )
-from specgraft.heads.losses import masked_mean, soft_cross_entropy
+from specgraft.heads.losses import masked_mean, soft_cross_entropy, topk_distillation
 from specgraft.target import Target, TargetOutput
 
 logger = logging.getLogger(__name__)
@@ -145,13 +151,16 @@ class EagleHead(EagleHeadBase):
         return x, self.logits(x)
 
     def features_forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                         attention_mask: torch.Tensor | None, cache: Any = None) -> torch.Tensor:
-        """:meth:`draft_forward` without the lm_head: [B, Q] ids, [B, Q, h] features -> [B, Q, h]."""
+                         attention_mask: torch.Tensor | None, cache: Any = None,
+                         eagle_ttt: TTTKeys | None = None) -> torch.Tensor:
+        """:meth:`draft_forward` without the lm_head: [B, Q] ids, [B, Q, h] features -> [B, Q, h] (``eagle_ttt``:
+        the training-time-test key state of :meth:`align_outputs`)."""
         x = self.fc(torch.cat([self.embed(input_ids), hidden.to(self.param_dtype)], dim=-1))  # [B, Q, h]
         position_embeddings = self._rope(x, position_ids)
+        extra = {} if eagle_ttt is None else {"eagle_ttt": eagle_ttt}
         for layer in self.layers:
             x = layer(x, attention_mask=attention_mask, position_ids=position_ids,
-                      position_embeddings=position_embeddings, cache=cache, use_cache=cache is not None)
+                      position_embeddings=position_embeddings, cache=cache, use_cache=cache is not None, **extra)
         return x
 
     @staticmethod
@@ -164,56 +173,95 @@ class EagleHead(EagleHeadBase):
 
     def loss_item_counts(self, batch: dict[str, torch.Tensor],
                          target_out: TargetOutput | None = None) -> dict[str, torch.Tensor]:
-        """``pairs``: the scored pairs (predicted token ``x_{i+2}`` a real loss token) both loss terms average
-        over."""
+        """``step{s}``: the pairs pass s scores (predicted token ``x_{i+s+2}`` a real loss token), which all of
+        that pass's loss terms average over."""
         _, labels = self._masks(batch)
-        return {"pairs": labels[:, 2:].sum() if labels.shape[1] >= 3 else labels.new_zeros((), dtype=torch.long)}
+        return {f"step{s}": labels[:, s + 2 :].sum() for s in range(self.config.ttt_steps)}
+
+    def align_outputs(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
+                      steps: int | None = None) -> list[torch.Tensor]:
+        """The draft's output features [B, T-1, h] of each of the S alignment passes (HASS's harmonized context
+        alignment; S = ``ttt_steps``), over the T-1 pairs ``(f_i, x_{i+1})``.
+
+        Pass 0 at index i: the target feature ``f_i`` (+ the training noise) and token ``x_{i+1}`` at position i,
+        causal attention over the pairs 0..i: its output predicts ``f_{i+1}``. Pass s >= 1 at index i: the draft's
+        own pass-(s-1) output at i, token ``x_{i+s+1}`` (id 0 past the end, never scored), position ``i + s``,
+        attending to the pass-0 keys ``0..i`` plus its own keys of passes 1..s at i (EAGLE-3's training-time test,
+        :class:`~specgraft.heads.layers.TTTKeys`): what the drafter's KV cache holds when it drafts s tokens after
+        pair i. Its output predicts ``f_{i+s+1}`` (and, through the lm_head, token ``x_{i+s+2}``).
+        """
+        steps = self.config.ttt_steps if steps is None else int(steps)
+        input_ids = batch["input_ids"]  # [B, T]
+        real, _ = self._masks(batch)
+        length = input_ids.shape[1] - 1
+        hidden = self.input_features(target_out.hidden_states)[:, :-1]  # [B, L, h] f_i
+        if self.training and self.config.feature_noise > 0:
+            a = self.config.feature_noise
+            hidden = hidden + (torch.rand_like(hidden) * 2.0 - 1.0) * a
+        # Padding keys always masked (all ones gives the plain causal mask): testing for padding is a host sync.
+        key_valid = real[:, 1:]  # pair i holds token i+1
+        mask = causal_additive_mask(length, key_valid, hidden.dtype, hidden.device)  # [B or 1, 1, L, L]
+        positions = torch.arange(length, device=hidden.device)[None]  # [1, L]
+        next_ids = input_ids[:, 1:]  # [B, L] x_{i+1}
+        state = TTTKeys() if steps > 1 else None  # one pass: plain causal attention
+        outputs = []
+        for s in range(steps):
+            step_ids = F.pad(next_ids[:, s:], (0, min(s, length)))  # [B, L] x_{i+s+1}
+            hidden = self.features_forward(step_ids, hidden, positions + s, mask, eagle_ttt=state)
+            outputs.append(hidden)
+        return outputs
 
     def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
                       num_items: dict[str, torch.Tensor] | None = None) -> HeadLoss:
-        """EAGLE-1 loss over one batch (one-position shift, see :func:`eagle1_loss`); both terms are divided by
-        ``num_items["pairs"]`` when given (see :meth:`DraftHead.training_loss`).
+        """EAGLE-1 loss over one batch: ``sum_s loss_decay**s * eagle1_loss(pass s)`` over the passes of
+        :meth:`align_outputs` (one pass unless ``ttt_steps`` > 1); pass s's terms are divided by
+        ``num_items["step{s}"]`` when given (see :meth:`DraftHead.training_loss`).
 
-        The draft runs on the T-1 pairs ``(f_i, x_{i+1})``, i = 0..T-2, in one causal pass; pair i is scored when
-        its predicted token ``x_{i+2}`` is a real loss token. Only those rows are projected onto the vocabulary.
+        Index i of pass s is scored when its predicted token ``x_{i+s+2}`` is a real loss token, against the
+        target's feature ``f_{i+s+1}`` and logits at i+s+1. Only the scored rows are projected onto the
+        vocabulary. Metrics: pass 0's ``loss/feature``, ``loss/logit`` (``loss/topk``) and ``top1/step0``; pass
+        s >= 1's with a ``/step{s}`` suffix and ``top1/step{s}``.
         """
-        input_ids = batch["input_ids"]  # [B, T]
-        seq_len = input_ids.shape[1]
-        real, labels = self._masks(batch)
+        seq_len = batch["input_ids"].shape[1]
+        _, labels = self._masks(batch)
         feats = self.input_features(target_out.hidden_states)  # [B, T, h]
         if seq_len < 3:
             zero = sum(p.sum() for p in self.parameters()) * 0.0
             return HeadLoss(loss=zero, metrics={})
-        length = seq_len - 1
-        inputs = feats[:, :-1]  # [B, L, h] f_i
-        if self.training and self.config.feature_noise > 0:
-            a = self.config.feature_noise
-            inputs = inputs + (torch.rand_like(inputs) * 2.0 - 1.0) * a
-        # Padding keys always masked (all ones gives the plain causal mask): testing for padding is a host sync.
-        key_valid = real[:, 1:]  # pair i holds token i+1
-        mask = causal_additive_mask(length, key_valid, inputs.dtype, inputs.device)  # [B or 1, 1, L, L]
-        positions = torch.arange(length, device=inputs.device)[None]  # [1, L]
-        pred = self.features_forward(input_ids[:, 1:], inputs, positions, mask)  # [B, L, h]: pair i -> f^_{i+1}
-        # Pair i (i < T-2) is scored when its predicted token x_{i+2} is a real loss token.
-        scored = labels[:, 2:]  # [B, T-2]
-        rows = pred[:, : seq_len - 2][scored]  # [N, h]
-        if target_out.logits is not None:
-            target_rows = target_out.logits[:, 1 : seq_len - 1][scored]  # [N, V] target logits at i+1
-        else:
-            # Offline caches hold only the post-norm features; the target's logits at i+1 are lm_head(f_{i+1}).
-            last = target_out.hidden_states[self.target.num_layers]
-            target_rows = self.target.logits_from_hidden(last[:, 1 : seq_len - 1][scored])
-        loss, metrics = eagle1_loss(
-            rows,
-            self.logits(rows),
-            feats[:, 1 : seq_len - 1][scored],
-            target_rows,
-            torch.ones(rows.shape[0], device=rows.device),
-            feature_weight=self.config.feature_loss_weight,
-            logit_weight=self.config.logit_loss_weight,
-            num_items=None if num_items is None else num_items["pairs"],
-        )
-        return HeadLoss(loss=loss, metrics=metrics)
+        total = None
+        metrics: dict[str, torch.Tensor] = {}
+        for s, pred in enumerate(self.align_outputs(batch, target_out)):
+            # Index i (i < T-s-2) predicts f_{i+s+1}, scored when its token x_{i+s+2} is a real loss token.
+            length = max(seq_len - s - 2, 0)
+            scored = labels[:, s + 2 :]  # [B, L_s]
+            rows = pred[:, :length][scored]  # [N, h]
+            if target_out.logits is not None:
+                target_rows = target_out.logits[:, s + 1 : s + 1 + length][scored]  # [N, V] target logits at i+s+1
+            else:
+                # Offline caches hold only the post-norm features; the target's logits are lm_head(f).
+                last = target_out.hidden_states[self.target.num_layers]
+                target_rows = self.target.logits_from_hidden(last[:, s + 1 : s + 1 + length][scored])
+            loss, step_metrics = eagle1_loss(
+                rows,
+                self.logits(rows),
+                feats[:, s + 1 : s + 1 + length][scored],
+                target_rows,
+                torch.ones(rows.shape[0], device=rows.device),
+                feature_weight=self.config.feature_loss_weight,
+                logit_weight=self.config.logit_loss_weight,
+                num_items=None if num_items is None else num_items[f"step{s}"],
+                topk=self.config.hass_topk,
+                topk_weight=self.config.hass_topk_weight,
+            )
+            term = (self.config.loss_decay ** s) * loss
+            total = term if total is None else total + term
+            for key, value in step_metrics.items():
+                if s == 0:
+                    metrics[key] = value
+                else:
+                    metrics[f"top1/step{s}" if key == "top1/step0" else f"{key}/step{s}"] = value
+        assert total is not None  # ttt_steps >= 1 (validated)
+        return HeadLoss(loss=total, metrics=metrics)
 
 
 def eagle1_loss(
@@ -225,6 +273,8 @@ def eagle1_loss(
     feature_weight: float = 1.0,
     logit_weight: float = 0.1,
     num_items: torch.Tensor | None = None,
+    topk: int = 0,
+    topk_weight: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The EAGLE-1 loss on aligned rows (any leading shape ``S``).
 
@@ -237,11 +287,13 @@ def eagle1_loss(
         feature_weight, logit_weight: loss weights.
         num_items: what the sums over rows are divided by instead of ``mask.sum()`` (the whole batch's count when
             this is one micro-batch of it), for the losses and the metric alike.
+        topk, topk_weight: HASS's harmonized objective distillation, off when ``topk`` is 0 (see Returns).
 
     Returns:
-        ``feature_weight * mean_rows(mean_h SmoothL1(pred, next)) + logit_weight * mean_rows(-sum_v p log q)``,
-        with p = softmax(target_logits), q = softmax(draft_logits); metrics ``loss/feature``, ``loss/logit`` and
-        ``top1/step0`` (the draft's argmax equals the target's).
+        ``feature_weight * mean_rows(mean_h SmoothL1(pred, next)) + logit_weight * mean_rows(-sum_v p log q)
+        [+ topk_weight * mean_rows(-sum_{v in topK(p)} p_v log q_v)]``, with p = softmax(target_logits), q =
+        softmax(draft_logits) (:func:`~specgraft.heads.losses.topk_distillation`); metrics ``loss/feature``,
+        ``loss/logit``, ``top1/step0`` (the draft's argmax equals the target's) and, with topk, ``loss/topk``.
     """
     mask = mask.to(torch.float32)
     feat = F.smooth_l1_loss(pred_features.float(), next_features.float(), reduction="none").mean(-1)  # S
@@ -249,10 +301,16 @@ def eagle1_loss(
     target_probs = torch.softmax(target_logits.float(), dim=-1)
     logit_loss = soft_cross_entropy(draft_logits, target_probs, mask, num_items)
     loss = feature_weight * feature_loss + logit_weight * logit_loss
+    topk_loss = None
+    if topk:
+        topk_loss = topk_distillation(draft_logits, target_probs, mask, topk, num_items)
+        loss = loss + topk_weight * topk_loss
     with torch.no_grad():
         # The draft's logit at the target's top-1 is its maximum (cheaper than a second argmax).
         best = target_logits.argmax(-1, keepdim=True)
         hit = draft_logits.gather(-1, best) >= draft_logits.amax(-1, keepdim=True)
         top1 = masked_mean(hit.squeeze(-1).float(), mask, num_items)
     metrics = {"loss/feature": feature_loss.detach(), "loss/logit": logit_loss.detach(), "top1/step0": top1}
+    if topk_loss is not None:
+        metrics["loss/topk"] = topk_loss.detach()
     return loss, metrics

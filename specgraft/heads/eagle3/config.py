@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from specgraft.config import MAX_LAYER_INDEX, check_positive, check_range
 from specgraft.errors import ConfigError, SpecgraftError
 from specgraft.heads.draft_vocab import check_draft_vocab_size, default_draft_vocab_size
+from specgraft.heads.eagle.config import check_hass_topk
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,13 @@ class Eagle3Config:
     """Training-time-test unrolled steps S."""
     loss_decay: float = 0.8
     """Step s's loss weight is loss_decay**s."""
+    hass_topk: int = 0
+    """HASS harmonized objective distillation (Zhang et al. 2024): every TTT step's loss gains hass_topk_weight
+    times ``-sum_{v in topK(p)} p_v log q_v`` over the hass_topk likeliest tokens of the target distribution p
+    (restricted to the draft vocabulary, as the soft cross-entropy); 0 = off, HASS uses 10. Training only: the
+    exported head's weights and format are the same."""
+    hass_topk_weight: float = 1.0
+    """Weight of the top-K term when hass_topk > 0 (HASS: 1.0)."""
     draft_vocab_heldout_every: int = 20
     """Every n-th training row (5% by default) is left out of the draft-vocabulary counts, and the reported
     draft_vocab_coverage is measured on its loss tokens (coverage on the rows the vocabulary was counted from reads
@@ -42,6 +50,8 @@ class Eagle3Config:
         check_positive(f"{path}.num_layers", self.num_layers)
         check_positive(f"{path}.ttt_steps", self.ttt_steps)
         check_range(f"{path}.loss_decay", self.loss_decay, 0.0, 1.0, low_open=True)
+        check_range(f"{path}.hass_topk", self.hass_topk, 0, None)
+        check_range(f"{path}.hass_topk_weight", self.hass_topk_weight, 0.0, None)
         if self.draft_vocab_size is not None:
             check_positive(f"{path}.draft_vocab_size", self.draft_vocab_size)
         if self.draft_vocab_heldout_every < 0 or self.draft_vocab_heldout_every == 1:
@@ -81,3 +91,4 @@ class Eagle3Config:
                 raise SpecgraftError(f"eagle3 {name} must be a positive integer, got {value!r}; set head.{name}")
         if not 0.0 < float(self.loss_decay) <= 1.0:
             raise SpecgraftError(f"eagle3 loss_decay must be in (0, 1], got {self.loss_decay}; e.g. 0.8")
+        check_hass_topk("eagle3", self.hass_topk, self.hass_topk_weight, self.draft_vocab_size)

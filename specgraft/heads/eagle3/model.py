@@ -50,7 +50,14 @@ from specgraft.heads.layers import (
     draft_layer_config,
     register_eagle_attention,
 )
-from specgraft.heads.losses import decayed_sum, item_mean, linear_cross_entropy, masked_mean
+from specgraft.heads.losses import (
+    decayed_sum,
+    item_mean,
+    linear_cross_entropy,
+    linear_topk_distillation,
+    masked_mean,
+    topk_distillation,
+)
 from specgraft.target import Target, TargetOutput
 
 logger = logging.getLogger(__name__)
@@ -248,8 +255,10 @@ class Eagle3Head(EagleHeadBase):
                       num_items: dict[str, torch.Tensor] | None = None) -> HeadLoss:
         """:func:`eagle3_ttt_loss`, computed on the scored rows only and chunk by chunk over them
         (:func:`~specgraft.heads.losses.linear_cross_entropy`): the draft lm_head, the target distribution restricted
-        to the draft vocabulary and the soft cross-entropy are never materialised as [tokens, vocab] tensors. Step
-        s is divided by ``num_items["step{s}"]`` when given (see :meth:`DraftHead.training_loss`)."""
+        to the draft vocabulary and the soft cross-entropy are never materialised as [tokens, vocab] tensors (nor is
+        HASS's top-K term, ``hass_topk`` > 0, computed in the same chunks). Step s is divided by
+        ``num_items["step{s}"]`` when given (see :meth:`DraftHead.training_loss`); ``loss/step{s}`` logs its soft
+        cross-entropy, ``loss/topk/step{s}`` its top-K term."""
         target_logits = self._soft_targets(target_out)
         outputs = self.ttt_outputs(batch, target_out)
         labels = _label_positions(batch)  # [B, T]
@@ -263,19 +272,29 @@ class Eagle3Head(EagleHeadBase):
             flat_index = torch.arange(batch_size * seq_len, device=labels.device).view(batch_size, seq_len)
         total = None
         metrics: dict[str, torch.Tensor] = {}
+        topk, topk_weight = self.config.hass_topk, float(self.config.hass_topk_weight)
         for s, out in enumerate(outputs):
             # Index i (0 <= i < T-s-2) predicts token i+s+2 against the target's distribution at i+s+1.
             length = max(seq_len - s - 2, 0)
             scored = self._scored(labels, in_vocab, s)  # [B, L]
             rows = self.norm(out[:, :length][scored])  # [N, h]
-            ce_sum, rank = linear_cross_entropy(
-                rows, self.lm_head.weight, target_logits=flat_target,
-                target_rows=flat_index[:, s + 1 : s + 1 + length][scored], target_columns=columns,
-                with_rank=self.metrics_enabled)
-            step_loss = item_mean(ce_sum, rows.shape[0], num_items, f"step{s}")
+            row_targets = flat_index[:, s + 1 : s + 1 + length][scored]  # [N]
+            if topk:
+                # HASS: + topk_weight * the top-K distillation term, in the same chunks.
+                step_sum, topk_sum, rank = linear_topk_distillation(
+                    rows, self.lm_head.weight, target_logits=flat_target, topk=topk, topk_weight=topk_weight,
+                    target_rows=row_targets, target_columns=columns, with_rank=self.metrics_enabled)
+                ce_sum = step_sum.detach() - topk_weight * topk_sum
+                metrics[f"loss/topk/step{s}"] = item_mean(topk_sum, rows.shape[0], num_items, f"step{s}")
+            else:
+                step_sum, rank = linear_cross_entropy(
+                    rows, self.lm_head.weight, target_logits=flat_target, target_rows=row_targets,
+                    target_columns=columns, with_rank=self.metrics_enabled)
+                ce_sum = step_sum.detach()
+            step_loss = item_mean(step_sum, rows.shape[0], num_items, f"step{s}")
             term = (self.config.loss_decay ** s) * step_loss
             total = term if total is None else total + term
-            metrics[f"loss/step{s}"] = step_loss.detach()
+            metrics[f"loss/step{s}"] = item_mean(ce_sum, rows.shape[0], num_items, f"step{s}")
             if rank is not None:  # top-1 hit: the draft's top-1 is the target's (restricted) top-1
                 metrics[f"top1/step{s}"] = item_mean((rank == 0).sum().float(), rows.shape[0], num_items,
                                                      f"step{s}")
@@ -330,8 +349,10 @@ def eagle3_ttt_loss(
     d2t: torch.Tensor,
     t2d: torch.Tensor,
     decay: float = 0.8,
+    topk: int = 0,
+    topk_weight: float = 1.0,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """EAGLE-3 training-time-test loss: ``sum_s decay**s * L_s``.
+    """EAGLE-3 training-time-test loss: ``sum_s decay**s * (L_s + topk_weight * K_s)`` (K_s only when topk > 0).
 
     Args:
         step_logits: S tensors [B, T, Vd]; ``step_logits[s][b, i]`` is the draft at index i after s unrolled steps,
@@ -345,19 +366,23 @@ def eagle3_ttt_loss(
     ``L_s`` is the mean, over indices i with ``i+s+2 < T``, ``loss_mask[i+s+2] == 1`` and the target's top-1 at
     ``i+s+1`` inside the draft vocab, of ``-sum_d p(d) log softmax(step_logits[s][i])(d)`` where p is the softmax
     of the target's logits at ``i+s+1`` restricted to the draft vocab's target ids. A step without such indices
-    contributes 0.
+    contributes 0. ``K_s`` (HASS's harmonized objective distillation, :func:`topk_distillation`) is the mean over
+    the same indices of ``-sum_{d in topK(p)} p(d) log softmax(step_logits[s][i])(d)``, p as above.
 
     Returns:
-        (the scalar loss, the S per-step losses).
+        (the scalar loss, the S per-step soft cross-entropies L_s).
     """
     target_probs, in_vocab, _ = _restricted_targets(target_logits, d2t, t2d)
     labels = loss_mask.bool()
     seq_len = labels.shape[1]
-    per_step = []
+    per_step, weighted = [], []
     for s, logits in enumerate(step_logits):
         mask = _step_mask(labels, in_vocab, s)  # [B, T]
         probs = _shift(target_probs, s + 1, seq_len)  # [B, T, Vd]
         ce = -(probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)  # [B, T]
         step_loss = masked_mean(ce, mask)
         per_step.append(step_loss)
-    return decayed_sum(per_step, decay, "eagle3_ttt_loss"), per_step
+        if topk:
+            step_loss = step_loss + topk_weight * topk_distillation(logits, probs, mask, topk)
+        weighted.append(step_loss)
+    return decayed_sum(weighted, decay, "eagle3_ttt_loss"), per_step
