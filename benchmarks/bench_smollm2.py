@@ -44,7 +44,8 @@ RECIPES = {"eagle3": ("train", "recipes/eagle3/smollm2-135m-instruct.yaml", "hea
 
 
 def run_stage(name: str, cmd: list[str], log: Path) -> dict[str, Any]:
-    """Run one specgraft command, its output to ``log``; returns wall time and the child's peak RSS (MiB)."""
+    """Run one specgraft command, its output to ``log``; returns wall time, the child's CPU time (user + system:
+    what a loaded shared machine does not inflate) and its peak RSS (MiB)."""
     print(f"[{name}] {' '.join(cmd)}", flush=True)
     start = time.perf_counter()
     with log.open("a", encoding="utf-8") as sink:
@@ -54,7 +55,8 @@ def run_stage(name: str, cmd: list[str], log: Path) -> dict[str, Any]:
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
         sys.exit(f"error: stage {name} failed with exit status {code}; see {log} (rerun to continue)")
-    return {"seconds": round(seconds, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
+    return {"seconds": round(seconds, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+            "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
 
 
 class StageLog(dict):

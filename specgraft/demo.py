@@ -81,8 +81,7 @@ def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: se
     """Train, evaluate and export every drafter on the default target; returns the summary."""
     import torch
 
-    from specgraft.defaults.corpus import demo_prompts
-    from specgraft.defaults.target import default_corpus_dataset, default_target_path, default_training_report
+    from specgraft.defaults.target import default_target_path, default_training_report
     from specgraft.target import load_target
 
     skip = skip or set()
@@ -102,14 +101,7 @@ def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: se
     print(f"[demo] target: {target} (held-out perplexity per domain: "
           f"{_fmt_ppl(report)}) from {target_path}", flush=True)
 
-    # Data: the target's own corpus (training stream) as JSONL; prompts from a disjoint stream.
-    data_dir = out / "data"
-    train_file = data_dir / "train.jsonl"
-    rows = default_corpus_dataset("train", n_docs=budget.docs_per_domain, seed=1)
-    atomic_write_text(train_file, "".join(json.dumps({"text": t}) + "\n" for t in rows["text"]))
-    prompts_file = data_dir / "prompts.jsonl"
-    prompts = demo_prompts(budget.prompts_per_domain, seed=0)
-    atomic_write_text(prompts_file, "".join(json.dumps(p) + "\n" for p in prompts))
+    train_file, prompts_file = write_demo_data(out / "data", budget)
 
     results: dict[str, dict[str, Any]] = {}
     if "medusa" not in skip:
@@ -133,6 +125,23 @@ def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: se
 
 
 # -- steps ----------------------------------------------------------------------------------------------------
+
+
+def write_demo_data(data_dir: Path, budget: DemoBudget) -> tuple[Path, Path]:
+    """(``train.jsonl``, ``prompts.jsonl``) in ``data_dir``: the embedded target's own corpus (its training stream,
+    ``budget.docs_per_domain`` documents per domain) and held-out prompts from a disjoint stream
+    (``budget.prompts_per_domain`` per domain). The demo and ``benchmarks/bench_acceptance.py`` train and evaluate
+    on these."""
+    from specgraft.defaults.corpus import demo_prompts
+    from specgraft.defaults.target import default_corpus_dataset
+
+    train_file = data_dir / "train.jsonl"
+    rows = default_corpus_dataset("train", n_docs=budget.docs_per_domain, seed=1)
+    atomic_write_text(train_file, "".join(json.dumps({"text": t}) + "\n" for t in rows["text"]))
+    prompts_file = data_dir / "prompts.jsonl"
+    prompts = demo_prompts(budget.prompts_per_domain, seed=0)
+    atomic_write_text(prompts_file, "".join(json.dumps(p) + "\n" for p in prompts))
+    return train_file, prompts_file
 
 
 def _recipe(kind: str, target_path: Path, train_file: Path, out_dir: Path, budget: DemoBudget, steps: int):
