@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -46,6 +45,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from specgraft.utils.scripts import load_sibling
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("stories260k", "embedded")
 #: The recipe every family is trained with on both targets (its head section, optimiser and schedule).
@@ -56,11 +57,7 @@ QUICK = {"steps": 4, "eval_every": 2, "prompts": 1, "max_new_tokens": 16, "micro
 
 def _sibling(name: str) -> ModuleType:
     """A sibling benchmark (not a package) whose functions this one reuses."""
-    path = Path(__file__).resolve().parent / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_sibling(__file__, name)
 
 
 # -- pure logic (tested in tests/scripts/test_bench_acceptance.py) ------------------------------------------------

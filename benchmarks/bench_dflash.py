@@ -26,13 +26,14 @@ One run, in a scratch folder (``--work``, default ``<out stem>_work`` beside ``-
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from specgraft.utils.scripts import load_sibling
 
 #: (run name, recipe). Both train with online features.
 RUNS = (("eagle3", "recipes/eagle3/stories260k.yaml"), ("dflash", "recipes/dflash/stories260k.yaml"))
@@ -48,11 +49,7 @@ DEFAULT_SETTINGS = (
 
 def _sibling(name: str) -> ModuleType:
     """A sibling benchmark (not a package) whose data split and training launcher this one reuses."""
-    path = Path(__file__).resolve().parent / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_sibling(__file__, name)
 
 
 def evaluate(model_dir: Path, runs: dict[str, dict[str, Any]], settings: list[tuple[str, dict[str, Any]]],

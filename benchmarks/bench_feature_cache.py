@@ -22,7 +22,6 @@ Exits 1 when a lossless check fails.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -31,14 +30,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from specgraft.utils.scripts import load_sibling
+
 
 def _bench_heads() -> ModuleType:
     """The sibling benchmark whose data split and training runner this one reuses."""
-    path = Path(__file__).resolve().parent / "bench_heads_stories260k.py"
-    spec = importlib.util.spec_from_file_location("bench_heads_stories260k", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_sibling(__file__, "bench_heads_stories260k")
 
 
 def reconstruction(target: Any, reference_dir: Path, compressed_dir: Path) -> dict[str, Any]:

@@ -27,7 +27,6 @@ One run, in a scratch folder (``--work``, default ``<out stem>_work`` beside ``-
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -37,6 +36,8 @@ import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from specgraft.utils.scripts import load_sibling
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SPECGRAFT_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -54,11 +55,7 @@ MIB = 2**20
 
 def _bench_eval_stories() -> ModuleType:
     """The sibling benchmark (not a package) whose held-out prompt construction this one reuses."""
-    path = Path(__file__).resolve().parent / "bench_eval_stories.py"
-    spec = importlib.util.spec_from_file_location("bench_eval_stories", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_sibling(__file__, "bench_eval_stories")
 
 
 def split_tinystories(src: Path, work: Path, per_domain: int) -> dict[str, Any]:

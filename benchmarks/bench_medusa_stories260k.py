@@ -21,7 +21,6 @@ tree,chain`` adds the chain). Adds what an ablation needs:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import resource
 import sys
@@ -29,17 +28,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from specgraft.utils.scripts import load_sibling
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/medusa/stories260k.yaml"
 
 
 def _bench_heads() -> ModuleType:
     """The sibling benchmark (not a package) whose setup, training and evaluation this one reuses."""
-    path = Path(__file__).resolve().parent / "bench_heads_stories260k.py"
-    spec = importlib.util.spec_from_file_location("bench_heads_stories260k", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_sibling(__file__, "bench_heads_stories260k")
 
 
 def heldout_text_top1(model_dir: Path, head_dir: str, source_text: Path, train_lines: int,
