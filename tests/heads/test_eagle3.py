@@ -39,16 +39,23 @@ def _batch(seq_len: int = 12, batch: int = 2, seed: int = 0) -> dict[str, torch.
     return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask * attention}
 
 
-def test_ttt_loss_matches_direct_reference():
-    g = torch.Generator().manual_seed(0)
-    bsz, seq_len, vocab, steps = 2, 7, 10, 3
-    chosen = [0, 2, 3, 5, 8, 9]  # draft vocab = these target ids
+def _ttt_loss_problem(seed: int, bsz: int, seq_len: int, vocab: int, steps: int, chosen: list[int]):
+    """Random TTT loss inputs with the draft vocab = the target ids ``chosen``: (d2t, t2d, target logits
+    [B, T, V], S step logits [B, T, Vd], loss mask [B, T])."""
+    g = torch.Generator().manual_seed(seed)
     d2t = torch.tensor([c - i for i, c in enumerate(chosen)])
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[chosen] = True
     target_logits = torch.randn(bsz, seq_len, vocab, generator=g) * 2
     step_logits = [torch.randn(bsz, seq_len, len(chosen), generator=g) for _ in range(steps)]
     loss_mask = (torch.rand(bsz, seq_len, generator=g) > 0.2).long()
+    return d2t, t2d, target_logits, step_logits, loss_mask
+
+
+def test_ttt_loss_matches_direct_reference():
+    bsz, seq_len, vocab, steps = 2, 7, 10, 3
+    chosen = [0, 2, 3, 5, 8, 9]  # draft vocab = these target ids
+    d2t, t2d, target_logits, step_logits, loss_mask = _ttt_loss_problem(0, bsz, seq_len, vocab, steps, chosen)
     loss, per_step = eagle3_ttt_loss(step_logits, target_logits, loss_mask, d2t, t2d, decay=0.8)
     total = 0.0
     for s in range(steps):
@@ -292,15 +299,9 @@ def test_ttt_attention_equals_the_explicit_joint_softmax_with_its_gradients():
 def test_ttt_loss_with_topk_distillation_matches_direct_reference():
     """Each step gains topk_weight * -sum over the K likeliest tokens of the target's draft-vocab distribution of
     p log q (p restricted to the draft vocab and renormalised there, not over the top-K)."""
-    g = torch.Generator().manual_seed(3)
     bsz, seq_len, vocab, steps, k, weight = 2, 8, 12, 3, 3, 0.4
     chosen = [0, 1, 3, 4, 6, 8, 9, 11]
-    d2t = torch.tensor([c - i for i, c in enumerate(chosen)])
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[chosen] = True
-    target_logits = torch.randn(bsz, seq_len, vocab, generator=g) * 2
-    step_logits = [torch.randn(bsz, seq_len, len(chosen), generator=g) for _ in range(steps)]
-    loss_mask = (torch.rand(bsz, seq_len, generator=g) > 0.2).long()
+    d2t, t2d, target_logits, step_logits, loss_mask = _ttt_loss_problem(3, bsz, seq_len, vocab, steps, chosen)
     plain, plain_steps = eagle3_ttt_loss(step_logits, target_logits, loss_mask, d2t, t2d, decay=0.8)
     loss, per_step = eagle3_ttt_loss(step_logits, target_logits, loss_mask, d2t, t2d, decay=0.8, topk=k,
                                      topk_weight=weight)

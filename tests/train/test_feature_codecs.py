@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import datasets
 import pytest
 import torch
 from safetensors import safe_open
@@ -17,6 +16,7 @@ from specgraft.testing import tiny_model, tiny_tokenizer
 from specgraft.train import feature_codecs as codecs
 from specgraft.train import features as feat
 
+from .test_features import _rows
 from .test_trainer import tiny_run  # noqa: F401  (fixture)
 
 HIDDEN = 64
@@ -93,14 +93,6 @@ def test_channel_codebook_error_bound_and_negative_controls():
     # Deterministic: the same calibration sample gives the same tables.
     torch.testing.assert_close(codecs.fit_codec("vq", calibration, vq_bits=7).codebook, codec.codebook,
                                rtol=0, atol=0)
-
-
-def _rows(n=10, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(5, 17, (n,), generator=gen).tolist()
-    ids = [torch.randint(3, 262, (t,), generator=gen).tolist() for t in lengths]
-    return datasets.Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids],
-                                       "loss_mask": [[1] * len(x) for x in ids]})
 
 
 @pytest.mark.parametrize("dtype,payload", [("int8", 4 * HIDDEN), ("int4", 2 * HIDDEN), ("vq", HIDDEN * 7 // 8)])
