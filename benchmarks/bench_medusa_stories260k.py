@@ -102,7 +102,7 @@ def main() -> int:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     run = heads.train_one(args.name, str(recipe), "online", model_dir, split, work, args)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    run["head"] = "medusa"
+    run["head"] = resolved.head.type  # the drafter evaluate() builds (an EAGLE recipe can be run side by side)
     rows = heads.evaluate(model_dir, [run], split, work / "eval" / args.name, args)
     summary = run["summary"]
     result: dict[str, Any] = {
@@ -111,9 +111,9 @@ def main() -> int:
         "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
         "wall_s": run["wall_s"],
         "top1": summary.get("medusa_top1_accuracy"), "top1_measured_on": summary.get("accuracy_measured_on"),
-        "heldout_text_top1": heldout_text_top1(model_dir, run["head_dir"], heads.SHARED / "tinystories" /
-                                               "tinystories_train.txt", split["train_lines"],
-                                               resolved.data.max_length),
+        "heldout_text_top1": None if run["head"] != "medusa" else heldout_text_top1(
+            model_dir, run["head_dir"], heads.SHARED / "tinystories" / "tinystories_train.txt", split["train_lines"],
+            resolved.data.max_length),
         "decoding": {r["mode"]: {"tau": r["overall"]["tau"], "acceptance_by_depth":
                                  r["overall"].get("acceptance_by_depth"), "tree_size": r["drafter"].get("tree_size"),
                                  "lossless_passed": r["overall"]["lossless_passed"],
