@@ -31,7 +31,7 @@ from typing import Any
 
 from specgraft.data.collate import pad_token_id
 from specgraft.data.generate import generate_batch, generation_config, ids_past_tokenizer
-from specgraft.data.tokenize import _encode, prompt_ids, stop_token_ids, tokenizer_key, with_system_prompt
+from specgraft.data.tokenize import prompt_ids, stop_token_ids, text_prompt_ids, tokenizer_key, with_system_prompt
 from specgraft.errors import SpecgraftError
 from specgraft.utils.io import atomic_path, atomic_write_json
 from specgraft.utils.seeds import derive_seed
@@ -388,13 +388,12 @@ def continue_texts(
     stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None), use_chat_template=False)
     config = generation_config(max_new_tokens, temperature, pad_token_id(tokenizer, stops), stops,
                                suppress_tokens=ids_past_tokenizer(model, tokenizer))
-    bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
     stats = RegenerateStats()
     started = time.perf_counter()
     with atomic_path(Path(out_path)) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         for lo in range(0, len(texts), batch_size):
             sentences = [first_sentence(t) for t in texts[lo:lo + batch_size]]
-            prompts = [bos + _encode(tokenizer, s) for s in sentences]
+            prompts = [text_prompt_ids(tokenizer, s) for s in sentences]
             results = generate_batch(model, prompts, config, derive_seed(seed, int(rows[lo])))
             for row, prompt, (tokens, stopped) in zip(rows[lo:lo + batch_size], prompts, results):
                 body = tokens[:-1] if stopped else tokens  # [new tokens], the stop token dropped

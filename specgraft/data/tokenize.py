@@ -86,11 +86,15 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 # plain text
 
 
+def text_prompt_ids(tokenizer: Any, text: str) -> list[int]:
+    """A plain-text prompt's ids: BOS (when the tokenizer has one) + text, no EOS (how a story target decodes)."""
+    ids = _encode(tokenizer, text)
+    return ids if tokenizer.bos_token_id is None else [tokenizer.bos_token_id, *ids]
+
+
 def tokenize_text(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
     """A plain-text document -> (ids, loss_mask): BOS (when the tokenizer has one) + text + EOS, all labels."""
-    ids = _encode(tokenizer, text)
-    if tokenizer.bos_token_id is not None:
-        ids = [tokenizer.bos_token_id, *ids]
+    ids = text_prompt_ids(tokenizer, text)
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return ids, [1] * len(ids)
