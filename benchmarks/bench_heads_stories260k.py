@@ -163,8 +163,7 @@ def evaluate(model_dir: Path, runs: list[dict[str, Any]], split: dict[str, Any],
     from specgraft.eval.prompts import load_prompts
     from specgraft.eval.report import EvalSettings, describe_drafter, run_eval
     from specgraft.heads import load_head
-    from specgraft.heads.eagle.drafter import EagleDrafter
-    from specgraft.heads.medusa.drafter import MedusaDrafter
+    from specgraft.heads.registry import family_of
     from specgraft.target import load_target
 
     torch.set_num_threads(args.threads)
@@ -178,7 +177,7 @@ def evaluate(model_dir: Path, runs: list[dict[str, Any]], split: dict[str, Any],
         head = load_head(target, run["head_dir"])
         head.eval()
         for mode in MODES:
-            drafter = MedusaDrafter(head, mode=mode) if run["head"] == "medusa" else EagleDrafter(head, mode=mode)
+            drafter = family_of(head).drafter(head, {"mode": mode})  # any family, through the registry
             info = {**describe_drafter(drafter), "type": run["head"], "path": run["head_dir"]}
             start = time.perf_counter()
             report = run_eval(target, drafter, prompts, work / "eval" / f"{run['head']}-{mode}", settings=settings,
