@@ -141,8 +141,10 @@ def oracle_overhead(target, tok, prompts: list[str], args, device: torch.device)
     """The ``--oracle`` benchmark: decoder loop overhead per step, plain vs oracle chain vs oracle tree."""
     vocab = int(target.config.vocab_size)
     plain = SpeculativeDecoder(target, tok, ignore_eos=True)
-    continuations = [plain.generate(p, args.max_new_tokens + K + 1).generated_ids for p in prompts]
-    oracles = {"oracle-chain": OracleDrafter(K, vocab, tree=False), "oracle-tree": OracleDrafter(K, vocab, tree=True)}
+    depths = sorted(set(args.k))
+    continuations = [plain.generate(p, args.max_new_tokens + max(depths) + 1).generated_ids for p in prompts]
+    oracles = {f"oracle-{kind}-{k}": OracleDrafter(k, vocab, tree=kind == "tree")
+               for k in depths for kind in ("chain", "tree")}
     methods = {"plain": plain, **{name: SpeculativeDecoder(target, tok, drafter=o, ignore_eos=True)
                                   for name, o in oracles.items()}}
     timer = ForwardTimer(target, device)
@@ -159,24 +161,29 @@ def oracle_overhead(target, tok, prompts: list[str], args, device: torch.device)
                 if repeat:
                     samples[name][i].append((r.wall_time_s, timer.seconds, r.num_steps, r.num_new_tokens,
                                              r.generated_ids))
-    print(f"decoder loop overhead, stories260K on {device} ({args.threads} thread(s)), {len(prompts)} prompts, "
-          f"max_new_tokens={args.max_new_tokens}, {args.repeats} repeats (median per prompt), greedy, zero-cost "
-          f"oracle drafter, k={K}")
-    header = (f"{'method':<13} {'nodes':>5} {'tau':>5} {'steps':>6} {'wall ms/step':>12} {'fwd ms/step':>11} "
-              f"{'overhead ms/step':>16} {'tok/s':>8}")
+    print(f"decoder loop overhead, {args.target or 'stories260K'} on {device} ({args.threads} thread(s)), "
+          f"{len(prompts)} prompts, max_new_tokens={args.max_new_tokens}, {args.repeats} repeats (median per "
+          f"prompt), greedy, zero-cost oracle drafter, k={depths}")
+    header = (f"{'method':<16} {'nodes':>5} {'tau':>5} {'steps':>6} {'wall ms/step':>12} {'fwd ms/step':>11} "
+              f"{'overhead ms/step':>16} {'tok/s':>8} {'step/plain':>10} {'speedup':>8}")
     print(header)
     print("-" * len(header))
-    lossless = True
+    lossless, plain_step, plain_rate = True, None, None
     for name, per_prompt in samples.items():
         wall = sum(statistics.median(s[0] for s in runs) for runs in per_prompt)
         fwd = sum(statistics.median(s[1] for s in runs) for runs in per_prompt)
         steps = sum(runs[0][2] for runs in per_prompt)
         tokens = sum(runs[0][3] for runs in per_prompt)
         lossless &= all(runs[0][4] == c[: len(runs[0][4])] for runs, c in zip(per_prompt, continuations))
-        nodes = 0 if name == "plain" else (2 * K if oracles[name].tree else K)
-        print(f"{name:<13} {nodes:>5} {tokens / steps:>5.2f} {steps:>6} {1e3 * wall / steps:>12.3f} "
-              f"{1e3 * fwd / steps:>11.3f} {1e3 * (wall - fwd) / steps:>16.3f} {tokens / wall:>8.1f}")
-    print("overhead = wall time outside the target's forwards (prefill included in fwd) per verification step")
+        nodes = 0 if name == "plain" else (2 * oracles[name].k if oracles[name].tree else oracles[name].k)
+        if plain_step is None:  # "plain" comes first: the unit of the last two columns
+            plain_step, plain_rate = wall / steps, tokens / wall
+        print(f"{name:<16} {nodes:>5} {tokens / steps:>5.2f} {steps:>6} {1e3 * wall / steps:>12.3f} "
+              f"{1e3 * fwd / steps:>11.3f} {1e3 * (wall - fwd) / steps:>16.3f} {tokens / wall:>8.1f} "
+              f"{wall / steps / plain_step:>10.2f} {tokens / wall / plain_rate:>7.2f}x")
+    print("overhead = wall time outside the target's forwards (prefill included in fwd) per verification step; "
+          "step/plain = one verification step's wall time in plain decoding steps (the cost of verifying the "
+          "draft on this device); speedup = an ideal zero-cost drafter's ceiling at that draft size")
     print(f"lossless (every method's tokens == plain greedy): {lossless}")
     return 0 if lossless else 1
 
@@ -187,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder with stories260K.bin and tok512.bin")
     parser.add_argument("--tinystories", type=Path, default=SHARED / "tinystories" / "tinystories_train.txt")
     parser.add_argument("--draft", type=Path, help="a transformers draft model folder with the same vocab")
+    parser.add_argument("--target", type=Path,
+                        help="another target instead of stories260K: a transformers folder or a .gguf file "
+                             "(e.g. SmolLM2-135M-Instruct, whose forward is maths rather than Python overhead)")
+    parser.add_argument("--k", type=int, nargs="+", default=[K],
+                        help="oracle draft depths (a chain of k and a tree of 2k nodes for each)")
     parser.add_argument("--prompts", type=int, default=8, help="number of held-out prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
@@ -202,11 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     prompts = held_out_prompts(args.tinystories, args.prompts)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = convert_llama2c(args.stories_dir / "stories260K.bin", args.stories_dir / "tok512.bin",
-                                 Path(tmp) / "stories260K")
-        target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
-        tok = AutoTokenizer.from_pretrained(folder)
+    if args.target is not None:
+        from specgraft.target import load_target
+
+        loaded = load_target(str(args.target), dtype=torch.float32, device=device)
+        target, tok = loaded.model.eval(), loaded.tokenizer
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = convert_llama2c(args.stories_dir / "stories260K.bin", args.stories_dir / "tok512.bin",
+                                     Path(tmp) / "stories260K")
+            target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+            tok = AutoTokenizer.from_pretrained(folder)
     if args.oracle:
         return oracle_overhead(target, tok, prompts, args, device)
 

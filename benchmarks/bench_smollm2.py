@@ -250,7 +250,7 @@ def main() -> None:
     parser.add_argument("--max-prompt-chars", type=int, default=500, help="longest first turn regenerated")
     parser.add_argument("--seed", type=int, default=0, help="shuffle of the ShareGPT conversations")
     parser.add_argument("--regenerate-max-new-tokens", type=int, default=160)
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=32, help="regeneration batch (32: 7x batch 1 on 2 cores)")
     parser.add_argument("--drafters", nargs="+", choices=tuple(RECIPES), default=["eagle3"])
     parser.add_argument("--settings", nargs="+", default=["chain:2", "chain:3", "tree:8:3"],
                         help="chain:K, or tree:N[:DEPTH] (N tokens verified per step, root included)")

@@ -71,6 +71,9 @@ class Candidate:
     step_s: float
     tokens_per_s: float = 0.0
     speedup: float = 0.0
+    #: What a real step pays beyond the profile's draft + verify times (the drafter catching up on accepted
+    #: tokens, KV rollback, tree bookkeeping), calibrated on the calibration run: see :func:`step_overhead`.
+    overhead_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,12 +110,31 @@ def family_search(kind: str) -> Mapping[str, Callable[..., Any]]:
                          "version")
 
 
-def finish_candidate(c: Candidate, plain_step_s: float) -> Candidate:
-    """Fill in a candidate's predicted tokens/s, ``(1 + E[accepted]) / (draft + step)``, and its speedup over a
-    plain step."""
-    c.tokens_per_s = (1.0 + c.expected_accepted) / (c.draft_s + c.step_s)
+def finish_candidate(c: Candidate, plain_step_s: float, overhead_s: float | None = None) -> Candidate:
+    """Fill in a candidate's predicted tokens/s, ``(1 + E[accepted]) / (draft + step + overhead)``, and its
+    speedup over a plain step (``overhead_s`` given: replaces the candidate's)."""
+    if overhead_s is not None:
+        c.overhead_s = overhead_s
+    c.tokens_per_s = (1.0 + c.expected_accepted) / (c.draft_s + c.step_s + c.overhead_s)
     c.speedup = c.tokens_per_s * plain_step_s
     return c
+
+
+def step_overhead(measured: dict[str, Any], predicted: Candidate, plain_step_s: float) -> float:
+    """Seconds per step that a measured run paid beyond its prediction's draft + verify times (>= 0).
+
+    The profile times drafting and verifying in isolation; a real step also pays the drafter's catch-up on the
+    accepted tokens, the KV rollback and the tree bookkeeping, which on a small target are a large share of the
+    step. ``measured`` is an eval's overall metrics at ``predicted``'s setting: its step time is ``tau /
+    tokens_per_s``, rescaled to the profile's machine speed by its own interleaved baseline (``baseline step /
+    profile plain step``), so load drift between profiling and calibrating cancels. Every candidate is then charged
+    this residual per step: a constant per step, which favours settings that accept more tokens per step."""
+    tau, rate, base = (measured.get(k) for k in ("tau", "tokens_per_s", "baseline_tokens_per_s"))
+    values = (tau, rate, base, plain_step_s)
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values):
+        return 0.0
+    drift = (1.0 / base) / plain_step_s  # > 1: the calibration ran slower than the profile
+    return max(0.0, tau / rate / drift - predicted.draft_s - predicted.step_s)
 
 
 def _is_chain(paths: Sequence[Sequence[int]]) -> bool:
@@ -276,30 +298,45 @@ def read_report(path: str | Path) -> tuple[dict[str, Any], Path]:
 
 def candidates_for(kind: str, profile: CostProfile, drafter_costs: dict[str, Any], calibration: dict[str, Any],
                    prior: Sequence[Sequence[float]] | None = None) -> list[Candidate]:
-    """Every predicted candidate of a drafter kind, best first."""
+    """Every predicted candidate of a drafter kind, best first, each charged the calibration's
+    ``step_overhead_s`` (see :func:`step_overhead`; 0 when absent)."""
+    overhead = float(calibration.get("step_overhead_s") or 0.0)
+    return rank_and_pick([finish_candidate(c, profile.plain_step_s, overhead)
+                          for c in _raw_candidates(kind, profile, drafter_costs, calibration, prior)])
+
+
+def _raw_candidates(kind: str, profile: CostProfile, drafter_costs: dict[str, Any], calibration: dict[str, Any],
+                    prior: Sequence[Sequence[float]] | None) -> list[Candidate]:
     if kind == "draft_model":
         if (calibration["drafter"].get("mode") or "chain") != "chain":
             raise SpecgraftError("tuning a draft model needs a chain calibration run (its reach rates predict every "
                                  "shorter chain); calibrate with --mode chain")
-        return rank_and_pick(draft_model_candidates(profile, drafter_costs, calibration["reach"]))
+        return draft_model_candidates(profile, drafter_costs, calibration["reach"])
     if kind not in BUILTIN_KINDS:
         predictions = family_search(kind)["tune_candidates"](profile, drafter_costs, calibration)
-        return rank_and_pick([finish_candidate(Candidate(**p), profile.plain_step_s) for p in predictions])
+        return [finish_candidate(Candidate(**p), profile.plain_step_s) for p in predictions]
     if not calibration.get("statistics"):
         raise SpecgraftError("the calibration report has no acceptance_statistics (per depth and rank); re-run "
                              "`specgraft eval` with this version for the head")
     probs = rank_probabilities(calibration["statistics"], prior=prior)
     if kind == "medusa":
-        return rank_and_pick(medusa_candidates(profile, drafter_costs, probs))
-    return rank_and_pick(eagle_candidates(profile, drafter_costs, probs))
+        return medusa_candidates(profile, drafter_costs, probs)
+    return eagle_candidates(profile, drafter_costs, probs)
 
 
 def predict_setting(kind: str, setting: dict[str, Any], profile: CostProfile, drafter_costs: dict[str, Any],
                     calibration: dict[str, Any], prior: Sequence[Sequence[float]] | None = None) -> Candidate:
-    """The prediction for one given setting (e.g. the default) with the same model as the candidates.
+    """The prediction for one given setting (e.g. the default) with the same model as the candidates (charged the
+    calibration's ``step_overhead_s`` too).
 
     Medusa settings need ``paths`` (the tree); EAGLE trees are predicted as the optimal static tree of their
     size, depth and width, EAGLE chains from the rank-0 rates, draft-model chains from the reach rates."""
+    return finish_candidate(_predict_raw(kind, setting, profile, drafter_costs, calibration, prior),
+                            profile.plain_step_s, float(calibration.get("step_overhead_s") or 0.0))
+
+
+def _predict_raw(kind: str, setting: dict[str, Any], profile: CostProfile, drafter_costs: dict[str, Any],
+                 calibration: dict[str, Any], prior: Sequence[Sequence[float]] | None) -> Candidate:
     plain = profile.plain_step_s
     if kind == "draft_model":
         k = int(setting["k"])
@@ -478,9 +515,21 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
         calibration = (report, str(out_dir / "calibration" / "report.json"))
         # Heads calibrate at their default setting unless their family calibrates wider.
         calibration_is_default = kind != "draft_model" and same_setting(kind, calib_setting, default_setting)
+        calibrated_at: dict[str, Any] | None = calib_setting
+    else:
+        # A given report: its setting is known to the model when it is the default's (else nothing is charged).
+        calibrated_at = default_setting if calibration_is_default else None
     report, calibration_path = calibration
     numbers = calibration_numbers(report, calibration_path)
     costs = profile.drafter(_profile_label(profile, kind, source_dir))
+    if calibrated_at is not None:
+        try:
+            at_calibration = predict_setting(kind, calibrated_at, profile, costs, numbers, prior)
+        except SpecgraftError as exc:  # e.g. a profile that stops short of the calibration's tree
+            logger.warning("no per-step overhead calibrated (the calibration setting is not predictable: %s)", exc)
+        else:
+            numbers["step_overhead_s"] = step_overhead(report["overall"], at_calibration, profile.plain_step_s)
+            logger.info("calibrated per-step overhead beyond the profile: %.3f ms", numbers["step_overhead_s"] * 1e3)
     candidates = candidates_for(kind, profile, costs, numbers, prior)
     chosen = candidates[0]
     try:
@@ -614,10 +663,10 @@ def print_result(result: TuneResult, profile: CostProfile) -> None:
     kind = result.kind
     print(f"device: {profile.device} ({profile.device_name}), {profile.dtype}, {profile.threads} thread(s); plain "
           f"step {profile.plain_step_s * 1e3:.3f} ms at KV length {profile.kv_length}")
-    print("rank | setting | E[accepted+1] | draft ms | step ms | predicted tok/s | predicted speedup")
+    print("rank | setting | E[accepted+1] | draft ms | step ms | overhead ms | predicted tok/s | predicted speedup")
     for i, c in enumerate(result.candidates[:TOP_CANDIDATES], start=1):
         print(f"{i:>4} | {setting_label(kind, c.setting)} | {1 + c.expected_accepted:.3f} | {c.draft_s * 1e3:.3f} | "
-              f"{c.step_s * 1e3:.3f} | {c.tokens_per_s:.1f} | {c.speedup:.3f}x")
+              f"{c.step_s * 1e3:.3f} | {c.overhead_s * 1e3:.3f} | {c.tokens_per_s:.1f} | {c.speedup:.3f}x")
     rows = [("tuned", result.chosen)] + ([("default", result.default)] if result.default is not None else [])
     for name, c in rows:
         m = result.measured.get(name) or {}

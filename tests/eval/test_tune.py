@@ -17,6 +17,7 @@ from specgraft.eval.tune import (
     candidates_for,
     draft_model_candidates,
     predict_setting,
+    step_overhead,
 )
 from specgraft.target import Target
 from specgraft.testing import tiny_model, tiny_tokenizer
@@ -177,6 +178,32 @@ def test_tune_picks_the_known_best_draft_length():
     assert ranked[0].speedup == pytest.approx(speeds[2] * 1e-3)
     assert [c.setting["k"] for c in ranked] == sorted(speeds, key=speeds.get, reverse=True)
     assert len(draft_model_candidates(profile, profile.drafters["draft"], reach[:3])) == 3  # no extrapolation
+
+
+def test_calibrated_step_overhead_is_charged_to_every_candidate():
+    reach = [0.9, 0.8, 0.4, 0.1, 0.05, 0.01]
+    profile = synthetic_profile()
+    costs = profile.drafters["draft"]
+    calibration = {"reach": reach, "drafter": {"mode": "chain"}, "statistics": None}
+    at_k4 = predict_setting("draft_model", {"mode": "chain", "k": 4}, profile, costs, calibration)
+    # The calibration ran at k=4 on a machine twice as slow as the profile's, each step 1 ms (profile time) over.
+    drift, tau = 2.0, 1 + at_k4.expected_accepted
+    step = (at_k4.draft_s + at_k4.step_s + 1e-3) * drift
+    measured = {"tau": tau, "tokens_per_s": tau / step, "baseline_tokens_per_s": 1 / (profile.plain_step_s * drift)}
+    assert step_overhead(measured, at_k4, profile.plain_step_s) == pytest.approx(1e-3)
+    calibration["step_overhead_s"] = 1e-3
+    ranked = candidates_for("draft_model", profile, costs, calibration)
+    speeds = {k: (1 + sum(reach[:k])) / (3e-4 * k + 1e-3 * (1 + 0.1 * k) + 1e-3) for k in range(1, 7)}
+    # A per-step cost favours longer drafts: k=3 now, k=2 without it (test above).
+    assert ranked[0].setting["k"] == max(speeds, key=speeds.get) == 3
+    assert [c.setting["k"] for c in ranked] == sorted(speeds, key=speeds.get, reverse=True)
+    assert all(c.overhead_s == 1e-3 for c in ranked)
+    again = predict_setting("draft_model", {"mode": "chain", "k": 4}, profile, costs, calibration)
+    assert again.tokens_per_s == pytest.approx(speeds[4]) and again.speedup == pytest.approx(speeds[4] * 1e-3)
+    # A run faster than its prediction charges nothing; so do missing or non-finite numbers.
+    assert step_overhead({**measured, "tokens_per_s": 10 * measured["tokens_per_s"]}, at_k4, 1e-3) == 0.0
+    assert step_overhead({**measured, "tau": float("nan")}, at_k4, 1e-3) == 0.0
+    assert step_overhead({"tau": tau}, at_k4, 1e-3) == 0.0
 
 
 def test_tune_medusa_trades_tree_size_for_verify_cost():
