@@ -189,7 +189,14 @@ def evaluate(work: Path, target: Path, drafter: str, product: Path, setting: str
     report = out / "report.json"
     if not report.is_file():
         which = ["--draft", str(product)] if drafter == "distill" else ["--head", str(product)]
-        flags = ["--mode", "chain", "--k", size] if mode == "chain" else ["--mode", "tree", "--tree-size", size]
+        if mode == "tuned":  # no setting flag: eval drafts at the head's tuned.json (`specgraft tune`)
+            if not (product / "tuned.json").is_file():
+                sys.exit(f"error: --settings tuned needs {product / 'tuned.json'}; run `specgraft tune` first")
+            flags: list[str] = []
+        elif mode == "chain":
+            flags = ["--mode", "chain", "--k", size]
+        else:
+            flags = ["--mode", "tree", "--tree-size", size]
         if mode == "tree" and depth:
             flags += ["--k", depth]
         if mode == "tree" and drafter == "eagle3":
@@ -253,7 +260,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="regeneration batch (32: 7x batch 1 on 2 cores)")
     parser.add_argument("--drafters", nargs="+", choices=tuple(RECIPES), default=["eagle3"])
     parser.add_argument("--settings", nargs="+", default=["chain:2", "chain:3", "tree:8:3"],
-                        help="chain:K, or tree:N[:DEPTH] (N tokens verified per step, root included)")
+                        help="chain:K, tree:N[:DEPTH] (N tokens verified per step, root included), or tuned "
+                             "(the head's tuned.json from `specgraft tune`)")
     parser.add_argument("--eagle-top-k", type=int, default=2, help="EAGLE-3 tree: children per node")
     parser.add_argument("--override", nargs="*", default=[], help="DRAFTER:key=value recipe overrides")
     parser.add_argument("--limit-per-domain", type=int, default=2)
