@@ -182,12 +182,16 @@ def _serving(meta: Mapping[str, Any], head_type: str, text: Any, base: str, fmt:
     else:
         sgl_where = where if fmt == "sglang" else "PATH/TO/SGLANG/EXPORT"
         if fmt != "sglang":
-            lines += ["Export with `--format sglang` first (SGLang's EAGLE classes read a different layout).", ""]
+            lines += [f"Export with `--format sglang` first (SGLang's {algo} draft reads a different layout).", ""]
+        if text.sglang_args is not None:
+            flags = text.sglang_args(cfg, engines.get("sglang") or {})
+        else:
+            flags = (f"--speculative-num-steps {sgl['speculative_num_steps']} --speculative-eagle-topk "
+                     f"{sgl['speculative_eagle_topk']} --speculative-num-draft-tokens "
+                     f"{sgl['speculative_num_draft_tokens']}")
         lines += ["```bash", f"python -m sglang.launch_server --model-path {base} \\",
                   f"  --speculative-algorithm {algo} --speculative-draft-model-path {sgl_where} \\",
-                  f"  --speculative-num-steps {sgl['speculative_num_steps']} --speculative-eagle-topk "
-                  f"{sgl['speculative_eagle_topk']} --speculative-num-draft-tokens "
-                  f"{sgl['speculative_num_draft_tokens']}",
+                  f"  {flags}",
                   "```", "", "SGLang counts the root token in `--speculative-num-draft-tokens`; vLLM's "
                   "`num_speculative_tokens` does not.", ""]
     if fmt == "trtllm" and text is not None and text.trtllm_lines is not None:

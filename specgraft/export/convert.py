@@ -277,19 +277,34 @@ def to_engine(head_type: str, fmt: str, state: Mapping[str, torch.Tensor], meta:
     return ckpt
 
 
+def _family_title(name: str) -> str:
+    from specgraft.heads.registry import family_names, get_family
+
+    card = get_family(name).card if name in family_names() else None
+    return card.title if card is not None else name
+
+
 def _require_speculators_type(config: Mapping[str, Any], expected: str | None, head_type: str) -> None:
     """Refuse a speculators export of another algorithm read back as ``head_type`` (e.g. DFlash as EAGLE-3)."""
     found = config.get("speculators_model_type")
     if expected is None or found is None or found == expected:
         return
+    raise SpecgraftError(f"this export is a {_family_title(str(found))} draft (speculators_model_type {found!r}), "
+                         f"not {_family_title(head_type)}; load it as the {found} head it is")
+
+
+def _require_own_architecture(config: Mapping[str, Any], fmt: str, head_type: str) -> None:
+    """Refuse an export whose ``architectures`` another family's ``fmt`` layout claims (e.g. SGLang's
+    ``DFlashDraftModel`` read back as EAGLE-3)."""
     from specgraft.heads.registry import family_names, get_family
 
-    def title(name: str) -> str:
-        card = get_family(name).card if name in family_names() else None
-        return card.title if card is not None else name
-
-    raise SpecgraftError(f"this export is a {title(str(found))} draft (speculators_model_type {found!r}), not "
-                         f"{title(head_type)}; load it as the {found} head it is")
+    found = config.get("architectures")
+    found = {str(a) for a in found} if isinstance(found, list) else set()
+    for name in family_names():
+        other = get_family(name).exporters.get(fmt)
+        if name != head_type and other is not None and found & set(other.architectures):
+            raise SpecgraftError(f"this export is a {_family_title(name)} draft (architectures {sorted(found)}), not "
+                                 f"{_family_title(head_type)}; load it as the {name} head it is")
 
 
 def _state_dtype(state: Mapping[str, torch.Tensor]) -> torch.dtype:
@@ -331,6 +346,7 @@ def from_engine(head_type: str, fmt: str, tensors: Mapping[str, torch.Tensor], c
     names = set(want)
     exporter = engine_exporter(head_type, fmt)
     _require_speculators_type(config, exporter.speculators_model_type, head_type)
+    _require_own_architecture(config, fmt, head_type)
     state = exporter.from_engine(fmt, tensors, config, head_cfg, want, used, target_lm_head)
     left = sorted(set(tensors) - used)
     if left:

@@ -58,6 +58,9 @@ class EngineExporter:
     speculators_model_type: str | None = None
     """The ``speculators_model_type`` this layout's config carries (speculators-format exports): an export whose
     config names another is refused when read back as this family."""
+    architectures: tuple[str, ...] = ()
+    """The ``architectures`` this layout's config names when they are the family's own (SGLang's
+    ``DFlashDraftModel``): another family's reader of the same format refuses an export that names them."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ class CardText:
     """vLLM's ``--speculative-config`` method (None: vLLM does not serve it)."""
     sglang_algorithm: str | None = None
     """SGLang's ``--speculative-algorithm`` (None: SGLang does not serve it)."""
+    sglang_args: Callable[[Mapping[str, Any], Mapping[str, Any]], str] | None = None
+    """``(head config, tuned sglang settings) -> the launch flags after the draft path`` (None: EAGLE's
+    ``--speculative-num-steps/--speculative-eagle-topk/--speculative-num-draft-tokens``)."""
     vllm_tokens_are_heads: bool = False
     """vLLM maps num_speculative_tokens onto the number of heads (Medusa): the card writes num_heads."""
     config_is_self_contained: bool = False

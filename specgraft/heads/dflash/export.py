@@ -1,4 +1,4 @@
-"""DFlash heads in the speculators / vLLM layout: config keys, tensor names, writing and reading back.
+"""DFlash heads in the speculators / vLLM layout and SGLang's: config keys, tensor names, writing and reading back.
 
 Facts this layout follows (checked against their source, not copied):
 
@@ -20,8 +20,33 @@ Facts this layout follows (checked against their source, not copied):
   draft, ``lm_head.weight`` too, reloading both from the verifier (``load_verifier_weights``);
   ``tests/heads/dflash/test_dflash_speculators_client.py`` loads our export with it and gets our block logits.
 
-So the tensors are exactly the head's own state dict (a rename-free copy): the full-vocabulary head writes no
-``lm_head`` (engines share the target's, as the head does) and no embedding table.
+SGLang (``--speculative-algorithm DFLASH``; sgl-project/sglang, checked, not copied):
+
+* ``python/sglang/srt/models/dflash.py`` @003b23d7 (``DFlashDraftModel``, the ``EntryClass`` that SGLang's model
+  registry finds by ``architectures`` ["DFlashDraftModel"]): parameters ``fc`` (``len(target_layer_ids) *
+  hidden_size -> hidden_size``, no bias), ``hidden_norm``, ``norm`` and ``layers.{i}`` with Qwen3's q/k norms;
+  ``load_weights`` takes the checkpoint names ``self_attn.{q,k,v}_proj`` / ``mlp.{gate,up}_proj`` (stacked into
+  its ``qkv_proj`` / ``gate_up_proj``), biases only with ``attention_bias``, and skips every other name silently
+  (so an ``lm_head``, ``d2t`` or ``embed_tokens`` would be ignored, not used): the draft has no embeddings and no
+  lm_head of its own. ``DFlashMLP`` refuses any ``hidden_act`` but silu; ``layer_types`` "full_attention" is the
+  non-causal (ENCODER_ONLY) attention.
+* ``python/sglang/srt/speculative/dflash_utils.py`` @00731f0b (``parse_dflash_draft_config``): ``dflash_config``
+  ``target_layer_ids`` / ``mask_token_id`` / ``block_size`` / ``num_target_layers``, each falling back to the
+  top-level key; the ids must satisfy ``0 <= id < num_target_layers`` and are decoder-layer numbers (the hidden
+  state AFTER layer ``id``): ``Qwen3ForCausalLM.set_dflash_layers_to_capture`` captures before layer ``id + 1``,
+  i.e. our output_hidden_states index ``id + 1``.
+* ``python/sglang/srt/speculative/dflash_worker.py`` (recent versions; @7f151c5e still resolved the mask only
+  through the tokenizer): the block is ``[verified token, mask x (block - 1)]`` embedded
+  with the TARGET's input embeddings, drafted greedily through the TARGET's lm_head (full vocabulary only);
+  ``dflash_config.mask_token_id`` overrides the tokenizer lookup of ``mask_token`` (default "<|MASK|>") and must
+  be below the target's vocab size; ``--speculative-num-draft-tokens`` is the block size actually run (default:
+  the config's ``block_size``).
+* z-lab's published drafts (e.g. ``z-lab/Qwen3-8B-DFlash-b16``) lay the config out the same way: a Qwen3 config
+  (``model_type`` qwen3, ``num_hidden_layers`` = draft layers) plus top-level ``block_size``,
+  ``num_target_layers`` and ``dflash_config: {mask_token_id, target_layer_ids}``.
+
+So in both layouts the tensors are exactly the head's own state dict (a rename-free copy): the full-vocabulary head
+writes no ``lm_head`` (engines share the target's, as the head does) and no embedding table.
 """
 
 from __future__ import annotations
@@ -35,6 +60,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specgraft.errors import SpecgraftError
+from specgraft.export.convert import engine_layer_ids
 from specgraft.heads.dflash.config import DFlashConfig
 from specgraft.heads.dflash.model import DFlashHead
 from specgraft.heads.registry import CardText, EngineExporter
@@ -99,16 +125,16 @@ def _verifier_architectures(target: Target) -> list[str]:
 
 
 def _refuse_unservable(aux_layer_ids: list[int], num_layers: int, scales_embeddings: bool,
-                       model_type: str) -> None:
-    """What vLLM's DFlash draft cannot run: aux layers outside the residual stream it captures, and targets that
-    scale their input embeddings (it shares the raw embedding table)."""
+                       model_type: str, engine: str = "vLLM") -> None:
+    """What vLLM's (and SGLang's) DFlash draft cannot run: aux layers outside the residual stream it captures, and
+    targets that scale their input embeddings (both embed the block with the raw embedding table)."""
     bad = [int(i) for i in aux_layer_ids if not 1 <= int(i) <= num_layers - 1]
     if bad:
-        raise SpecgraftError(f"DFlash aux layers {bad} cannot be captured by vLLM: it reads the residual stream "
+        raise SpecgraftError(f"DFlash aux layers {bad} cannot be captured by {engine}: it reads the residual stream "
                              f"between decoder layers, output_hidden_states indices 1..{num_layers - 1}; "
                              "retrain with head.aux_layer_ids inside that range or keep the native head folder")
     if scales_embeddings:
-        raise SpecgraftError(f"{model_type} scales its input embeddings, which vLLM's DFlash draft "
+        raise SpecgraftError(f"{model_type} scales its input embeddings, which {engine}'s DFlash draft "
                              "(sharing the raw embedding table) does not; keep the native head folder for this target")
 
 
@@ -249,9 +275,71 @@ def load_speculators_export(target: Target, path: str | Path) -> DFlashHead:
     return head.to(device=target.device)
 
 
-# -- the registry's engine exporter (``specgraft export --format vllm``) ------------------------------------------
+# -- SGLang's DFlash draft (``DFlashDraftModel``; sources in the module docstring) --------------------------------
+SGLANG_ARCHITECTURE = "DFlashDraftModel"
+#: The only MLP activation SGLang's ``DFlashMLP`` runs.
+_SGLANG_ACTIVATION = "silu"
+#: SGLang's non-causal block attention (its ENCODER_ONLY layer type); "sliding_attention" would run causally.
+_SGLANG_LAYER_TYPE = "full_attention"
+
+
+def sglang_config(head: DFlashHead, dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """The ``config.json`` of the SGLang export of ``head``: the draft layer's Qwen3 config with SGLang's
+    DFlash keys (``block_size``, ``num_target_layers``, ``dflash_config``) at the places its parser reads."""
+    target = head.target
+    cfg = head.config
+    config = {k: v for k, v in head.draft_config.to_diff_dict().items() if k not in _NOT_LAYER_KEYS}
+    config.update({
+        "architectures": [SGLANG_ARCHITECTURE],
+        "model_type": head.draft_config.model_type,
+        "num_hidden_layers": int(cfg.num_layers),
+        "vocab_size": int(target.vocab_size),
+        "tie_word_embeddings": False,
+        "layer_types": [_SGLANG_LAYER_TYPE] * int(cfg.num_layers),
+        "block_size": int(cfg.block_size),
+        "num_target_layers": int(target.num_layers),
+        # SGLang numbers the decoder layer whose output is fused: our output_hidden_states index minus one.
+        "dflash_config": {"mask_token_id": int(cfg.mask_token_id),
+                          "target_layer_ids": engine_layer_ids(cfg.aux_layer_ids, "sglang")},
+        "torch_dtype": str(dtype or head.param_dtype).removeprefix("torch."),
+    })
+    return config
+
+
+def expected_sglang_names(config: Mapping[str, Any]) -> set[str]:
+    """The exact checkpoint names SGLang's ``DFlashDraftModel.load_weights`` fills for this ``config.json``: the
+    speculators names of a full-vocabulary draft (SGLang reads no lm_head, d2t or embeddings)."""
+    names = {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    per_layer = _LAYER_TENSORS + (_LAYER_BIASES if config.get("attention_bias") else ())
+    for i in range(int(config["num_hidden_layers"])):
+        names.update(f"layers.{i}.{name}" for name in per_layer)
+    return names
+
+
+def _refuse_for_sglang(head: DFlashHead) -> None:
+    """What SGLang's DFlash draft cannot hold beyond vLLM's limits: a draft vocabulary (it drafts through the
+    target's lm_head and skips ``lm_head``/``d2t``), another activation than silu, causal/sliding layers."""
+    cfg = head.config
+    if cfg.reduced_vocab:
+        raise SpecgraftError(f"SGLang's DFlash draft predicts with the target's own lm_head and loads no lm_head or "
+                             f"d2t, so this head's {cfg.draft_vocab_size}-token draft vocabulary cannot be served by "
+                             "it; export it as vllm (speculators keeps the draft vocabulary) or retrain with "
+                             "head.draft_vocab_size: 0")
+    act = str(getattr(head.draft_config, "hidden_act", _SGLANG_ACTIVATION))
+    if act != _SGLANG_ACTIVATION:
+        raise SpecgraftError(f"SGLang's DFlash MLP runs only {_SGLANG_ACTIVATION}, but this head's draft layers use "
+                             f"{act}; export it as vllm or native")
+    kinds = sorted({str(k) for k in getattr(head.draft_config, "layer_types", None) or ()} - {_SGLANG_LAYER_TYPE})
+    if kinds:
+        raise SpecgraftError(f"this head's draft layers have layer_types {kinds}, which SGLang's DFlash draft runs "
+                             f"as causal sliding attention; train with head.draft_layers: qwen3 or export as native")
+
+
+# -- the registry's engine exporter (``specgraft export --format vllm|sglang``) ----------------------------------
 #: A DFlash export's config carries the draft layer's sizes; the loader checks them against the target.
 _SIZES = ("hidden_size", "vocab_size")
+#: How the errors and notes name each format's engine.
+_ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 def _info_scales_embeddings(info: Any) -> bool:
@@ -265,39 +353,56 @@ def _info_scales_embeddings(info: Any) -> bool:
 
 def to_engine(fmt: str, state: Mapping[str, torch.Tensor], cfg: Mapping[str, Any], info: Any, base_model: str,
               speculative_tokens: int) -> Any:
-    """The speculators / vLLM layout of a head state dict: the same tensors (a rename-free copy) and
-    :func:`speculators_config`, checked against :func:`expected_speculators_names` with the head's shapes."""
+    """The speculators / vLLM layout (:func:`speculators_config`) or SGLang's (:func:`sglang_config`) of a head
+    state dict: the same tensors (a rename-free copy), checked against the engine's exact names
+    (:func:`expected_speculators_names` / :func:`expected_sglang_names`) with the head's shapes."""
     from specgraft.export.convert import EngineCheckpoint
     from specgraft.export.layouts import Dims
 
+    engine = _ENGINE_NAMES[fmt]
     skeleton = DFlashHead(DFlashConfig(**cfg), info.skeleton)  # meta device: sizes and names only
     _refuse_unservable(skeleton.config.aux_layer_ids, info.skeleton.num_layers, _info_scales_embeddings(info),
-                       str(getattr(info.config, "model_type", "?")))
-    config = speculators_config(skeleton, base_model)
-    names = expected_speculators_names(config)
+                       str(getattr(info.config, "model_type", "?")), engine)
+    if fmt == "sglang":
+        _refuse_for_sglang(skeleton)
+        config = sglang_config(skeleton)
+        names = expected_sglang_names(config)
+    else:
+        config = speculators_config(skeleton, base_model)
+        names = expected_speculators_names(config)
     shapes = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
     if set(shapes) != names:
         missing, unexpected = sorted(names - set(shapes)), sorted(set(shapes) - names)
-        raise SpecgraftError(f"this DFlash head's layers do not have speculators' Qwen3 DFlash layout (missing "
+        raise SpecgraftError(f"this DFlash head's layers do not have the Qwen3 DFlash layout {engine} loads (missing "
                              f"{missing[:3]}, unexpected {unexpected[:3]}); train it with head.draft_layers: qwen3 "
-                             "to serve it with vLLM/speculators, or export as native")
+                             f"to serve it with {engine}, or export as native")
     kinds = {"d2t": "int64", "t2d": "bool"}
     expected = {name: (shapes[name], kinds.get(name, "float")) for name in names}
     tensors = {name: state[name] for name in names if name in state}
     dims = Dims(hidden=int(info.config.hidden_size), vocab=int(info.config.vocab_size),
                 draft_layers=int(cfg["num_layers"]), num_features=len(cfg["aux_layer_ids"]))
-    notes = [f"fused target layers {list(cfg['aux_layer_ids'])} (output_hidden_states) are written as "
-             "aux_hidden_state_layer_ids (vLLM's numbering is the same)",
-             f"vLLM drafts block_size - 1 = {int(cfg['block_size']) - 1} tokens per step (speculative_tokens)",
-             "the target's embedding table (and, for a full-vocabulary draft, its lm_head) is not written: engines "
-             "share the target's"]
+    slots = int(cfg["block_size"]) - 1
+    shared = ("the target's embedding table (and, for a full-vocabulary draft, its lm_head) is not written: engines "
+              "share the target's")
+    if fmt == "sglang":
+        ids = config["dflash_config"]["target_layer_ids"]
+        notes = [f"fused target layers {list(cfg['aux_layer_ids'])} (output_hidden_states) are written as SGLang "
+                 f"dflash_config.target_layer_ids {ids} (the decoder layer whose output is taken: index - 1)",
+                 f"SGLang runs the whole block of {slots + 1} (--speculative-num-draft-tokens {slots + 1}, the "
+                 "anchor counted; its default is the config's block_size): a smaller value runs a shorter block, "
+                 "not the first slots of the trained one, so a tuned shorter chain or tree is not carried over",
+                 shared]
+    else:
+        notes = [f"fused target layers {list(cfg['aux_layer_ids'])} (output_hidden_states) are written as "
+                 "aux_hidden_state_layer_ids (vLLM's numbering is the same)",
+                 f"vLLM drafts block_size - 1 = {slots} tokens per step (speculative_tokens)", shared]
     return EngineCheckpoint(tensors, config, dims, notes, expected=expected)
 
 
 def from_engine(fmt: str, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any], cfg: Mapping[str, Any],
                 want: Mapping[str, torch.Tensor], used: set[str],
                 target_lm_head: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """The round trip: the export holds the head's own tensor names."""
+    """The round trip: both layouts hold the head's own tensor names."""
     if not is_dflash_config(config):
         kind = config.get("speculators_model_type") or (config.get("architectures") or ["unknown"])[0]
         raise SpecgraftError(f"this export holds a {kind} draft, not DFlash; load it with that family's loader")
@@ -309,13 +414,23 @@ def from_engine(fmt: str, tensors: Mapping[str, torch.Tensor], config: Mapping[s
 def apply_tuned(config: dict[str, Any], fmt: str, engines: Mapping[str, Any]) -> None:
     """A tuned draft length (``specgraft tune``) reaches vLLM/speculators as the proposal's ``speculative_tokens``
     (vLLM drafts that many of the block's slots; a tuned per-slot tree is served as its spine, a chain of the
-    same depth, since vLLM's DFlash proposer drafts chains)."""
+    same depth, since vLLM's DFlash proposer drafts chains).
+
+    SGLang gets nothing from a tuned setting: its ``--speculative-num-draft-tokens`` is the size of the block it
+    RUNS (one non-causal forward), so a shorter value is a shorter block whose drafts the head was neither trained
+    nor tuned on; the config keeps the trained ``block_size`` (SGLang's default) and the card's command passes
+    the same number (:func:`sglang_args`)."""
     tokens = (engines.get("vllm") or {}).get("num_speculative_tokens")
     if fmt != "vllm" or tokens is None:
         return
     slots = int(config["block_size"]) - 1
     for method in config["speculators_config"]["proposal_methods"]:
         method["speculative_tokens"] = min(int(tokens), slots)
+
+
+def sglang_args(cfg: Mapping[str, Any], engines: Mapping[str, Any]) -> str:
+    """SGLang's DFLASH launch flags after the draft path: the trained block (see :func:`apply_tuned`)."""
+    return f"--speculative-num-draft-tokens {int(cfg.get('block_size', DFlashConfig.block_size))}"
 
 
 def describe(cfg: Mapping[str, Any], size: str) -> str:
@@ -327,5 +442,8 @@ def describe(cfg: Mapping[str, Any], size: str) -> str:
 
 
 EXPORTERS = {"vllm": EngineExporter(WEIGHTS_NAME, None, to_engine, from_engine, _SIZES,
-                                    speculators_model_type="dflash")}
-CARD = CardText(title="DFlash", describe=describe, vllm_method="dflash", config_is_self_contained=True)
+                                    speculators_model_type="dflash"),
+             "sglang": EngineExporter(WEIGHTS_NAME, None, to_engine, from_engine, _SIZES,
+                                      architectures=(SGLANG_ARCHITECTURE,))}
+CARD = CardText(title="DFlash", describe=describe, vllm_method="dflash", sglang_algorithm="DFLASH",
+                config_is_self_contained=True, sglang_args=sglang_args)

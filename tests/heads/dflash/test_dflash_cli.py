@@ -1,5 +1,5 @@
 """DFlash through the product: a recipe with ``head.type: dflash`` trains with the shared trainer, evaluates
-losslessly through ``specgraft eval --head``, exports as vLLM/speculators and as native and loads back, and a
+losslessly through ``specgraft eval --head``, exports as vLLM/speculators, SGLang and native and loads back, and a
 DFlash export is refused where another family's is expected."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_dflash_trains_evaluates_and_exports_through_the_cli(trained, tmp_path, 
 
     target = load_target(target_dir)
     head = load_head(target, head_dir)
-    for fmt in ("vllm", "native"):
+    for fmt in ("vllm", "sglang", "native"):
         out = tmp_path / f"export-{fmt}"
         assert cli_main(["export", str(head_dir), "--format", fmt, "--out", str(out)]) == 0
         back = load_export(out, target)
@@ -64,8 +64,13 @@ def test_dflash_trains_evaluates_and_exports_through_the_cli(trained, tmp_path, 
     config = json.loads((tmp_path / "export-vllm" / "config.json").read_text())
     assert config["speculators_model_type"] == "dflash" and config["block_size"] == 4
     assert "dflash" in (tmp_path / "export-vllm" / "README.md").read_text()
-    assert cli_main(["export", str(head_dir), "--format", "sglang", "--out", str(tmp_path / "no")]) == 2
-    assert "the sglang format cannot hold a dflash head; export it as one of vllm, native" in capsys.readouterr().err
+    assert json.loads((tmp_path / "export-sglang" / "config.json").read_text())["dflash_config"]["target_layer_ids"] \
+        == [i - 1 for i in meta["config"]["aux_layer_ids"]]
+    assert "--speculative-algorithm DFLASH" in (tmp_path / "export-sglang" / "README.md").read_text()
+    capsys.readouterr()
+    assert cli_main(["export", str(head_dir), "--format", "trtllm", "--out", str(tmp_path / "no")]) == 2
+    assert "the trtllm format cannot hold a dflash head; export it as one of vllm, sglang, native" in \
+        capsys.readouterr().err
 
     # A DFlash export read as EAGLE-3 is refused in one line.
     with pytest.raises(SpecgraftError, match="DFlash draft .* not EAGLE-3"):
@@ -84,4 +89,4 @@ def test_dflash_recipe_errors_name_the_field(tmp_path):
         path.write_text(json.dumps({**base, "head": {"type": "dflash", **head}}))
         with pytest.raises(SpecgraftError, match=message):
             load_recipe(path)
-    assert get_family("dflash").formats == ("vllm", "native")
+    assert get_family("dflash").formats == ("vllm", "sglang", "native")
