@@ -328,7 +328,7 @@ def _export(out: Path, results: dict[str, dict[str, Any]]) -> dict[str, Path]:
     from specgraft.export.exporter import export_head
 
     exports: dict[str, Path] = {}
-    plan = {"medusa": ["vllm", "trtllm"], "eagle3": ["vllm", "sglang"], "dflash": ["vllm"]}
+    plan = {"medusa": ["vllm", "trtllm"], "eagle3": ["vllm", "sglang"], "dflash": ["vllm", "sglang"]}
     for kind, formats in plan.items():
         if kind not in results:
             continue

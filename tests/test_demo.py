@@ -30,7 +30,8 @@ def test_demo_quick_end_to_end(tmp_path, capsys):
         assert report["overall"]["tau"] >= 1.0
         answers = (out / "eval" / name / "answers.jsonl").read_text().splitlines()
         assert answers and all({"domain"} <= set(json.loads(line)) for line in answers)
-    for export in ("demo-medusa-vllm", "demo-eagle3-vllm", "demo-eagle3-sglang"):
+    for export in ("demo-medusa-vllm", "demo-eagle3-vllm", "demo-eagle3-sglang", "demo-dflash-vllm",
+                   "demo-dflash-sglang"):
         assert any(p.name.startswith(export) for p in (out / "exports").iterdir()), export
 
     # A second run refuses to overwrite without --overwrite.
