@@ -314,7 +314,7 @@ def _raw_candidates(kind: str, profile: CostProfile, drafter_costs: dict[str, An
         return draft_model_candidates(profile, drafter_costs, calibration["reach"])
     if kind not in BUILTIN_KINDS:
         predictions = family_search(kind)["tune_candidates"](profile, drafter_costs, calibration)
-        return [finish_candidate(Candidate(**p), profile.plain_step_s) for p in predictions]
+        return [Candidate(**p) for p in predictions]  # finished (speed, overhead) by candidates_for
     if not calibration.get("statistics"):
         raise SpecgraftError("the calibration report has no acceptance_statistics (per depth and rank); re-run "
                              "`specgraft eval` with this version for the head")

@@ -107,14 +107,21 @@ def check_is_dflash(config: Mapping[str, Any], reading_as: str = "EAGLE-3") -> N
                              "load it with specgraft.heads.dflash.export.load_speculators_export")
 
 
-def expected_speculators_names(config: Mapping[str, Any]) -> set[str]:
-    """The exact tensor names of a speculators DFlash checkpoint with this ``config.json`` (see the module
-    docstring for the sources)."""
-    layer_cfg = config["transformer_layer_config"]
+def _draft_layer_names(layer_cfg: Mapping[str, Any]) -> set[str]:
+    """The fusion, norms and Qwen3 decoder-layer tensors both engines' DFlash drafts hold, for a draft layer
+    config (``num_hidden_layers``, ``attention_bias``)."""
     names = {"fc.weight", "hidden_norm.weight", "norm.weight"}
     per_layer = _LAYER_TENSORS + (_LAYER_BIASES if layer_cfg.get("attention_bias") else ())
     for i in range(int(layer_cfg["num_hidden_layers"])):
         names.update(f"layers.{i}.{name}" for name in per_layer)
+    return names
+
+
+def expected_speculators_names(config: Mapping[str, Any]) -> set[str]:
+    """The exact tensor names of a speculators DFlash checkpoint with this ``config.json`` (see the module
+    docstring for the sources)."""
+    layer_cfg = config["transformer_layer_config"]
+    names = _draft_layer_names(layer_cfg)
     if int(config["draft_vocab_size"]) != int(layer_cfg["vocab_size"]):
         names.update({"lm_head.weight", "d2t", "t2d"})
     return names
@@ -309,11 +316,7 @@ def sglang_config(head: DFlashHead, dtype: torch.dtype | None = None) -> dict[st
 def expected_sglang_names(config: Mapping[str, Any]) -> set[str]:
     """The exact checkpoint names SGLang's ``DFlashDraftModel.load_weights`` fills for this ``config.json``: the
     speculators names of a full-vocabulary draft (SGLang reads no lm_head, d2t or embeddings)."""
-    names = {"fc.weight", "hidden_norm.weight", "norm.weight"}
-    per_layer = _LAYER_TENSORS + (_LAYER_BIASES if config.get("attention_bias") else ())
-    for i in range(int(config["num_hidden_layers"])):
-        names.update(f"layers.{i}.{name}" for name in per_layer)
-    return names
+    return _draft_layer_names(config)
 
 
 def _refuse_for_sglang(head: DFlashHead) -> None:
