@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError
+from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kernel
 from specgraft.eval.loading import check_device, device_and_dtype, load_draft_model  # noqa: F401 (re-exported)
 from specgraft.eval.settings import EvalSettings
 from specgraft.utils.args import int_list
@@ -88,6 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model dtype (default: float32 on CPU, bfloat16 on GPU)")
     add_threads_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_linear_kernel_argument(parser)
 
 
 # -- drafters ---------------------------------------------------------------------------------------------------------
@@ -232,6 +234,10 @@ def run(args: argparse.Namespace) -> int:
 
     target = load_target(args.target, dtype=dtype, device=device)
     drafter, info, target = build_drafter(args, target, dtype, device)
+    # After the drafter is built: a Medusa-2 head brings its own merged target, and every module it decodes with
+    # (target, head, draft model) must run the same kernels as plain decoding.
+    info["linear_kernel"] = apply_linear_kernel(args.linear_kernel, device, dtype, target.model,
+                                               *drafter.modules())
     logger.info("evaluating %s drafter (%s) on %d prompts from %d file(s)", info["type"], info["mode"], len(prompts),
                 len(args.prompts))
     with output_lock(args.out, "an eval report"):

@@ -35,6 +35,7 @@ from typing import Any
 
 from specgraft.errors import SpecgraftError
 from specgraft.eval.drafter import DraftContext, Drafter
+from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kernel
 from specgraft.eval.tree import DraftTree
 from specgraft.utils.args import int_list
 from specgraft.utils.io import atomic_write_json, read_json_meta
@@ -73,6 +74,8 @@ class CostProfile:
         step_s: ``{"chain": {n: s}, "tree": {n: s}}``, a decoder step verifying ``n`` tokens (root included).
         forward_s: ``{n: s}``, the bare target forward of ``n`` tokens.
         drafters: ``{label: {"kind": ..., "path": ..., <setting tables>}}`` (see the module docstring).
+        linear_kernel: the decode-time matmul layout the times were measured with (``stock`` or ``weight-major``,
+            see :mod:`specgraft.eval.kernels`); profiles written before it existed read as ``stock``.
     """
 
     device: str
@@ -85,6 +88,7 @@ class CostProfile:
     step_s: dict[str, dict[int, float]]
     forward_s: dict[int, float] = field(default_factory=dict)
     drafters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    linear_kernel: str = "stock"
     version: int = PROFILE_VERSION
 
     # -- serialisation -------------------------------------------------------------------------------------
@@ -109,7 +113,8 @@ class CostProfile:
                        torch_version=str(data["torch_version"]), target=dict(data["target"]),
                        kv_length=int(data["kv_length"]), step_s=step,
                        forward_s={int(n): float(s) for n, s in (data.get("forward_s") or {}).items()},
-                       drafters=dict(data.get("drafters") or {}), version=int(data["version"]))
+                       drafters=dict(data.get("drafters") or {}),
+                       linear_kernel=str(data.get("linear_kernel", "stock")), version=int(data["version"]))
         except (TypeError, ValueError, AttributeError) as exc:
             raise SpecgraftError(f"{where} has malformed fields ({exc}); {fix}") from None
 
@@ -148,7 +153,8 @@ class CostProfile:
         """What tuned.json and model cards record about the device."""
         return {"device": self.device, "device_name": self.device_name, "dtype": self.dtype,
                 "threads": self.threads, "torch_version": self.torch_version, "kv_length": self.kv_length,
-                "target": self.target.get("name_or_path"), "plain_step_ms": round(self.plain_step_s * 1e3, 4)}
+                "target": self.target.get("name_or_path"), "plain_step_ms": round(self.plain_step_s * 1e3, 4),
+                "linear_kernel": self.linear_kernel}
 
 
 def _interpolate(table: dict[int, float], x: int, what: str) -> float:
@@ -173,7 +179,7 @@ def device_description(device: str) -> str:
 
 
 def check_profile(profile: CostProfile, target_identity: dict[str, Any] | None, device: str | None,
-                  threads: int | None = None) -> list[str]:
+                  threads: int | None = None, linear_kernel: str | None = None) -> list[str]:
     """Warnings (each naming both sides) when ``profile`` was measured for another target or device."""
     warnings: list[str] = []
     if target_identity is not None:
@@ -193,6 +199,10 @@ def check_profile(profile: CostProfile, target_identity: dict[str, Any] | None, 
                 (threads is not None and threads != profile.threads):
             warnings.append(f"the cost profile was measured on {there} but this run is on {here}; the predicted "
                             "speed is for the profile's device")
+    if linear_kernel is not None and linear_kernel != profile.linear_kernel:
+        warnings.append(f"the cost profile was measured with the {profile.linear_kernel} linear kernel but this run "
+                        f"uses {linear_kernel}; re-run `specgraft profile` with --linear-kernel {linear_kernel}, or "
+                        f"pass --linear-kernel {profile.linear_kernel} here")
     return warnings
 
 
@@ -498,9 +508,10 @@ def measure_draft_model(draft: Any, model: Any, kv_length: int, calls: int, ref:
 def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_length: int = DEFAULT_KV_LENGTH,
                     token_counts: Sequence[int] = DEFAULT_TOKEN_COUNTS, repeats: int = DEFAULT_REPEATS,
                     heads: Sequence[tuple[str, Any, str]] = (), drafts: Sequence[tuple[str, Any]] = (),
-                    draft_calls: int = DRAFT_CALLS) -> CostProfile:
+                    draft_calls: int = DRAFT_CALLS, linear_kernel: str = "stock") -> CostProfile:
     """Measure a :class:`CostProfile` for ``target`` (a Target) and the given heads ``(label, head, head_type)``
-    and draft models ``(label, model)``."""
+    and draft models ``(label, model)``; ``linear_kernel`` names the kernel the modules were switched to (recorded,
+    not applied: see :func:`specgraft.eval.kernels.apply_linear_kernel`)."""
     import torch
 
     counts = sorted({int(n) for n in token_counts})
@@ -535,7 +546,8 @@ def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_le
                 section[table] = ref.scale(section[table])
     return CostProfile(device=str(device), device_name=device_description(str(device)), dtype=str(dtype),
                        threads=int(threads), torch_version=str(torch.__version__), target=target.identity.to_dict(),
-                       kv_length=int(kv_length), step_s=step, forward_s=forward, drafters=drafters)
+                       kv_length=int(kv_length), step_s=step, forward_s=forward, drafters=drafters,
+                       linear_kernel=str(linear_kernel))
 
 
 # -- CLI -----------------------------------------------------------------------------------------------------------
@@ -556,6 +568,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                         help="model dtype (default: float32 on CPU, bfloat16 on GPU)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    add_linear_kernel_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -577,13 +590,15 @@ def run(args: argparse.Namespace) -> int:
         head = load_head(target, head_dir)
         heads.append((str(head_dir), head, head.head_type))
     drafts = [(str(path), load_draft_model(path, target, dtype, device)[0]) for path in args.draft]
+    kernel = apply_linear_kernel(args.linear_kernel, device, dtype, target.model, *(h for _, h, _ in heads),
+                                 *(d for _, d in drafts))
     profile = measure_profile(target, device=device, dtype=dtype, threads=torch.get_num_threads(),
                               kv_length=args.kv_length, token_counts=args.token_counts, repeats=args.repeats,
-                              heads=heads, drafts=drafts)
+                              heads=heads, drafts=drafts, linear_kernel=kernel)
     profile.save(args.out)
     base = profile.plain_step_s
     print(f"device: {profile.device} ({profile.device_name}), {profile.dtype}, {profile.threads} thread(s), "
-          f"KV length {profile.kv_length}")
+          f"KV length {profile.kv_length}, {profile.linear_kernel} linear kernel")
     print("tokens verified | chain step (x plain) | tree step (x plain)")
     for n in sorted(profile.step_s["chain"]):
         tree = profile.step_s["tree"].get(n)

@@ -96,6 +96,13 @@ class Drafter(ABC):
         Check compatibility here (vocab size, tokenizer, hidden size) and raise SpecgraftError on a mismatch.
         """
 
+    def modules(self) -> tuple[torch.nn.Module, ...]:
+        """The torch modules this drafter runs besides the target (its head or draft model), so a caller can set
+        their kernels (:mod:`specgraft.eval.kernels`). The default finds the ``head`` / ``model`` attribute the
+        built-in drafters keep them in; a drafter that keeps modules elsewhere overrides it."""
+        found = (getattr(self, "head", None), getattr(self, "model", None))
+        return tuple(m for m in found if isinstance(m, torch.nn.Module))
+
     def reset(self) -> None:  # noqa: B027 - optional hook
         """Forget all per-prompt state (own KV cache, stored features). Called before each prompt."""
 

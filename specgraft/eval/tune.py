@@ -37,6 +37,7 @@ from typing import Any
 from specgraft.errors import SpecgraftError
 from specgraft.eval.acceptance import optimal_tree, rank_probabilities, reach_rates, tree_value
 from specgraft.eval.cost import CostProfile, check_fits, check_profile
+from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kernel
 from specgraft.utils.io import atomic_write_json, read_json_meta
 
 logger = logging.getLogger(__name__)
@@ -439,6 +440,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available, else cpu)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="model dtype")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
+    add_linear_kernel_argument(parser)
 
 
 def drafter_for(kind: str, head_or_draft: Any, setting: dict[str, Any]) -> Any:
@@ -478,16 +480,18 @@ def drafter_info(kind: str, head_type: str, path: str, setting: dict[str, Any], 
 def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir: Path, prompts: Sequence[Any],
          out_dir: Path, *, profile: CostProfile, calibration: tuple[dict[str, Any], str] | None,
          settings: Any, confirm: bool = True, prior: Sequence[Sequence[float]] | None = None,
-         progress: bool = True, calibration_is_default: bool = False) -> tuple[TuneResult, dict[str, Any]]:
+         progress: bool = True, calibration_is_default: bool = False,
+         linear_kernel: str | None = None) -> tuple[TuneResult, dict[str, Any]]:
     """Calibrate (unless given), predict, choose and confirm; returns the result and the tuned.json record.
 
     ``calibration_is_default``: the given calibration report was measured at the default setting on these
-    prompts, so it also serves as the default's confirming measurement."""
+    prompts, so it also serves as the default's confirming measurement. ``linear_kernel``: the kernel the modules
+    run (checked against the profile's)."""
     from specgraft.eval.report import run_eval
 
     if not prompts:
         raise SpecgraftError("tuning needs calibration prompts; pass --prompts FILE (the prompts you will serve)")
-    warnings = check_profile(profile, target.identity.to_dict(), str(target.device))
+    warnings = check_profile(profile, target.identity.to_dict(), str(target.device), linear_kernel=linear_kernel)
     for message in warnings:
         logger.warning("%s", message)
     default_setting = dict(DEFAULTS.get(kind, {}))
@@ -637,6 +641,7 @@ def run(args: argparse.Namespace) -> int:
         source = load_draft_model(str(args.draft), target, dtype, device)[0]
         head_type, kind = "draft_model", "draft_model"
         heads, drafts = [], [(str(args.draft), source)]
+    kernel = apply_linear_kernel(args.linear_kernel, device, dtype, target.model, source)
     if profile is None:
         import torch
 
@@ -644,13 +649,13 @@ def run(args: argparse.Namespace) -> int:
         kv_length = args.kv_length or default_kv_length(lengths, args.max_new_tokens)
         check_fits(target.model, kv_length, MAX_TREE_TOKENS)
         profile = measure_profile(target, device=device, dtype=dtype, threads=torch.get_num_threads(),
-                                  kv_length=kv_length, heads=heads, drafts=drafts)
+                                  kv_length=kv_length, heads=heads, drafts=drafts, linear_kernel=kernel)
         out_profile = (args.out or source_dir / "tune") / "cost_profile.json"
         profile.save(out_profile)
         print(f"measured the cost profile -> {out_profile}")
     result, record = tune(target, kind, head_type, source, source_dir, prompts, args.out or source_dir / "tune",
                           profile=profile, calibration=calibration, settings=settings,
-                          confirm=not args.no_confirm, prior=prior,
+                          confirm=not args.no_confirm, prior=prior, linear_kernel=kernel,
                           calibration_is_default=calibration is not None and is_default_run(kind, calibration[0],
                                                                                        source))
     atomic_write_json(tuned_file, record)

@@ -1,0 +1,119 @@
+"""Decode-time linear kernels: the weight-major forward equals nn.Linear, switching keeps the model's identity, and
+greedy speculative decoding with switched layers equals plain decoding with them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specgraft.errors import SpecgraftError
+from specgraft.eval.cost import check_profile
+from specgraft.eval.decoder import SpeculativeDecoder, generate_reference
+from specgraft.eval.drafters import DraftModelDrafter, SelfDrafter
+from specgraft.eval.kernels import (
+    WEIGHT_MAJOR_MAX_ROWS,
+    resolve_linear_kernel,
+    use_stock_linears,
+    use_weight_major_linears,
+    weight_major_linear_class,
+)
+from specgraft.testing import tiny_model
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 3), (2, 4), (WEIGHT_MAJOR_MAX_ROWS,), (1, WEIGHT_MAJOR_MAX_ROWS + 1)])
+@torch.no_grad()
+def test_weight_major_forward_equals_nn_linear(bias, shape):
+    torch.manual_seed(0)
+    layer = nn.Linear(48, 80, bias=bias)
+    x = torch.randn(*shape, 48)
+    expected = F.linear(x, layer.weight, layer.bias)
+    use_weight_major_linears(layer, min_weights=0)
+    assert type(layer) is weight_major_linear_class()
+    out = layer(x)
+    assert out.shape == expected.shape and out.is_contiguous()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    if x.numel() // 48 > WEIGHT_MAJOR_MAX_ROWS:  # above the threshold it is nn.Linear's own forward, bit for bit
+        assert torch.equal(out, expected)
+
+
+def test_autograd_falls_back_to_nn_linear_and_gradients_flow():
+    torch.manual_seed(0)
+    layer = nn.Linear(8, 6)
+    reference = nn.Linear(8, 6)
+    reference.load_state_dict(layer.state_dict())
+    use_weight_major_linears(layer, min_weights=0)
+    x = torch.randn(3, 8)
+    layer(x).square().sum().backward()
+    reference(x).square().sum().backward()
+    assert torch.equal(layer.weight.grad, reference.weight.grad) and torch.equal(layer.bias.grad, reference.bias.grad)
+
+
+def test_switching_keeps_names_ties_and_identity_and_can_be_undone():
+    model = tiny_model("llama", tie_word_embeddings=True)
+    before = {k: v for k, v in model.state_dict().items()}
+    lm_head = model.get_output_embeddings()
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    ids = torch.tensor([[5, 9, 17, 3]])
+    with torch.no_grad():
+        stock_logits = model(ids).logits
+    assert use_weight_major_linears(model, min_weights=0) == len(linears)
+    assert use_weight_major_linears(model, min_weights=0) == len(linears)  # idempotent
+    after = model.state_dict()
+    assert list(after) == list(before) and all(after[k].data_ptr() == before[k].data_ptr() for k in before)
+    assert model.get_output_embeddings() is lm_head and lm_head.weight is model.get_input_embeddings().weight
+    assert all(isinstance(m, nn.Linear) for m in linears)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, stock_logits, rtol=1e-5, atol=1e-5)
+    assert use_stock_linears(model) == len(linears)
+    assert all(type(m) is nn.Linear for m in linears)
+
+
+def test_small_layers_keep_nn_linear_by_default():
+    model = tiny_model("llama")  # every weight of the tiny model is below WEIGHT_MAJOR_MIN_WEIGHTS
+    assert use_weight_major_linears(model) == 0
+    big = nn.Linear(512, 256)
+    assert use_weight_major_linears(big) == 1
+
+
+@torch.no_grad()
+def test_greedy_speculative_with_switched_layers_equals_plain_decoding(tiny_arch):
+    target = tiny_model(tiny_arch)
+    draft = tiny_model(tiny_arch, seed=1, num_hidden_layers=1)
+    drafter = DraftModelDrafter(draft, k=3, tree_topk=(2, 2))
+    assert drafter.modules() == (draft,) and SelfDrafter(k=2).modules() == ()
+    use_weight_major_linears(target, *drafter.modules(), min_weights=0)
+    prompt = [7, 42, 3, 99, 12, 5]
+    reference = generate_reference(target, prompt, 20)
+    for candidate in (None, drafter, SelfDrafter(k=3)):
+        assert SpeculativeDecoder(target, drafter=candidate).generate(prompt, 20).generated_ids == reference
+
+
+@pytest.mark.parametrize("choice,device,dtype,expected", [
+    ("auto", "cpu", "float32", "weight-major"),
+    ("auto", "cpu", "bfloat16", "stock"),
+    ("auto", "cuda:0", "float32", "stock"),
+    ("stock", "cpu", "float32", "stock"),
+    ("weight-major", "cuda", "bfloat16", "weight-major"),
+])
+def test_auto_resolves_to_weight_major_only_for_fp32_on_cpu(choice, device, dtype, expected):
+    assert resolve_linear_kernel(choice, device, dtype) == expected
+
+
+def test_bad_kernel_name_is_refused():
+    with pytest.raises(SpecgraftError, match="--linear-kernel 'fast' is not one of"):
+        resolve_linear_kernel("fast", "cpu", "float32")
+
+
+def test_profile_measured_with_another_kernel_warns_naming_both():
+    from specgraft.eval.cost import CostProfile
+
+    profile = CostProfile(device="cpu", device_name="x", dtype="float32", threads=2, torch_version="2",
+                          target={}, kv_length=8, step_s={"chain": {1: 0.1}, "tree": {}})
+    assert profile.linear_kernel == "stock"
+    assert CostProfile.from_dict(profile.to_dict()).linear_kernel == "stock"
+    (message,) = check_profile(profile, None, None, linear_kernel="weight-major")
+    assert "stock linear kernel" in message and "uses weight-major" in message
+    assert check_profile(profile, None, None, linear_kernel="stock") == []
