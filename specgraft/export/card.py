@@ -136,8 +136,9 @@ def _tuned_section(tuned: Mapping[str, Any] | None) -> list[str]:
     setting = {k: v for k, v in (tuned.get("setting") or {}).items() if k != "paths"}
     lines = ["### Tuned setting", "",
              f"Chosen by `specgraft tune` on {device.get('device')} ({device.get('device_name')}, "
-             f"{device.get('dtype')}, {device.get('threads')} thread(s), KV length {device.get('kv_length')}): "
-             f"`{json.dumps(setting)}`."]
+             f"{device.get('dtype')}, {device.get('threads')} thread(s), KV length {device.get('kv_length')}"
+             + (f", {device['linear_kernel']} linear kernel" if device.get("linear_kernel") else "")
+             + f"): `{json.dumps(setting)}`."]
     predicted, measured = tuned.get("predicted") or {}, (tuned.get("measured") or {}).get("tuned") or {}
     if predicted.get("speedup") is not None:
         line = f"Predicted speedup {predicted['speedup']:.2f}x over plain decoding on that device"
