@@ -288,9 +288,12 @@ def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repea
     device = model_device(model)
     prompt = _random_prompt(vocab, kv_length)
 
-    def slope(decoder: SpeculativeDecoder) -> float | None:
-        short = decoder.generate(prompt, SHORT_STEPS)
-        long = decoder.generate(prompt, LONG_STEPS)
+    def slope(decoder: SpeculativeDecoder, n: int = 1) -> float | None:
+        # The decoder prunes drafts deeper than remaining - 1 tokens, so a chain of n - 1 nodes is verified whole
+        # only while n or more tokens remain: both runs leave n, and their difference is steps of exactly n tokens
+        # (random drafts are rejected, so each step emits one token).
+        short = decoder.generate(prompt, n + SHORT_STEPS)
+        long = decoder.generate(prompt, n + LONG_STEPS)
         steps = long.num_steps - short.num_steps
         return (long.wall_time_s - short.wall_time_s) / steps if steps > 0 else None
 
@@ -306,7 +309,7 @@ def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repea
     for _ in range(repeats):
         for key, decoder in decoders.items():
             unit = ref.time()
-            base, step = slope(plain), slope(decoder)
+            base, step = slope(plain), slope(decoder, key[1] if key[0] == "chain" else 1)
             if base is not None and base > 0:
                 plain_times.append(base / unit)
                 if step is not None:
@@ -524,7 +527,7 @@ def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_le
     if repeats < 1:
         raise SpecgraftError(f"--repeats must be at least 1, got {repeats}")
     model = target.model
-    check_fits(model, kv_length, max(counts))
+    check_fits(model, kv_length, max(counts), extra=max(counts) + LONG_STEPS)
     logger.info("measuring decoder steps for %s tokens at KV length %d", counts, kv_length)
     # Every time is measured as a ratio to a bare one-token forward timed next to it, and scaled back with that
     # forward's median over the whole run, so steps and drafters share one time base despite load drift.

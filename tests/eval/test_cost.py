@@ -1,0 +1,40 @@
+"""The cost profile's step measurement: each timed step verifies exactly the tokens it is labelled with."""
+
+from __future__ import annotations
+
+import torch
+
+from specgraft.eval import cost
+from specgraft.eval.decoder import SpeculativeDecoder
+from specgraft.testing import tiny_model
+
+
+def test_timed_chain_steps_are_never_pruned_by_the_token_budget(monkeypatch):
+    """A chain of n - 1 nodes is pruned to remaining - 1 near the end of a run; the slope between the short and the
+    long run must only contain whole n-token steps (it once measured a 64-token chain as ~10 tokens)."""
+    runs: list[tuple[int, int | None, list[int]]] = []  # (max_new_tokens, chain nodes or None, draft sizes)
+    original = SpeculativeDecoder.generate
+
+    def recording(self, prompt, max_new_tokens, seed=None):
+        result = original(self, prompt, max_new_tokens, seed)
+        tree = getattr(self.drafter, "_tree", None)  # the profile's fixed drafter: a chain or a depth-1 fan
+        chain = tree is not None and bool((tree.parents[1:] >= 0).all())
+        runs.append((max_new_tokens, int(tree.size) if chain else None, list(result.draft_sizes)))
+        return result
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", recording)
+    model = tiny_model("llama")
+    ref = cost._Reference(model, 16, 1)
+    with torch.no_grad():
+        table = cost.measure_steps(model, 16, [1, 4, 12, 24], 1, ref)
+    assert set(table["chain"]) == {1, 4, 12, 24}
+    timed = [r for r in runs if r[1] is not None]
+    by_nodes: dict[int, list[tuple[int, list[int]]]] = {}
+    for max_new, nodes, sizes in timed:
+        by_nodes.setdefault(nodes, []).append((max_new, sizes))
+    assert set(by_nodes) == {3, 11, 23}
+    for nodes, calls in by_nodes.items():
+        short, long = sorted({m for m, _ in calls})[-2:]  # the slope's two runs (the warm-up is shorter)
+        for max_new, sizes in calls:
+            if max_new == long:  # its first (long - short) steps are the ones the slope keeps
+                assert sizes[: long - short] == [nodes] * (long - short), nodes
