@@ -137,11 +137,6 @@ class ForwardTimer:
         self.seconds += time.perf_counter() - self._start
 
 
-def label(kernel: str, name: str, kernels: list[str]) -> str:
-    """A row's name: the method, prefixed by its linear kernel when several are compared."""
-    return f"{kernel}/{name}" if len(kernels) > 1 else name
-
-
 def set_kernel(model: torch.nn.Module, kernel: str) -> None:
     """Switch ``model``'s linear layers to ``kernel`` (see specgraft.eval.kernels)."""
     from specgraft.eval.kernels import use_stock_linears, use_weight_major_linears
@@ -163,9 +158,13 @@ def oracle_overhead(target, tok, prompts: list[str], args, device: torch.device)
                                   for name, o in oracles.items()}}
     timer = ForwardTimer(target, device)
     kernels = list(dict.fromkeys(args.linear_kernels))
-    # samples[kernel/name][prompt] = list of (wall s, forward s, steps, tokens, generated ids) over repeats
-    samples: dict[str, list[list[tuple[float, float, int, int, list[int]]]]] = {
-        label(kernel, n, kernels): [[] for _ in prompts] for kernel in kernels for n in methods}
+    # samples[(kernel, name)][prompt] = list of (wall s, forward s, steps, tokens, generated ids) over repeats
+    samples: dict[tuple[str, str], list[list[tuple[float, float, int, int, list[int]]]]] = {
+        (kernel, n): [[] for _ in prompts] for kernel in kernels for n in methods}
+
+    def label(kernel: str, name: str) -> str:  # the kernel prefixes the row only when several are compared
+        return f"{kernel}/{name}" if len(kernels) > 1 else name
+
     for repeat in range(args.repeats + 1):  # repeat 0 is the warm-up
         for i, prompt in enumerate(prompts):
             for kernel in kernels:  # the kernels alternate per prompt, so load drift hits them alike
@@ -176,20 +175,19 @@ def oracle_overhead(target, tok, prompts: list[str], args, device: torch.device)
                     timer.seconds = 0.0
                     r = dec.generate(prompt, args.max_new_tokens)
                     if repeat:
-                        samples[label(kernel, name, kernels)][i].append(
+                        samples[kernel, name][i].append(
                             (r.wall_time_s, timer.seconds, r.num_steps, r.num_new_tokens, r.generated_ids))
     set_kernel(target, "stock")
     print(f"decoder loop overhead, {args.target or 'stories260K'} on {device} ({args.threads} thread(s)), "
           f"{len(prompts)} prompts, max_new_tokens={args.max_new_tokens}, {args.repeats} repeats (median per "
           f"prompt), greedy, zero-cost oracle drafter, k={depths}, linear kernels {kernels}")
-    width = max(len(n) for n in samples) + 1
+    width = max(len(label(*key)) for key in samples) + 1
     header = (f"{'method':<{width}} {'nodes':>5} {'tau':>5} {'steps':>6} {'wall ms/step':>12} {'fwd ms/step':>11} "
               f"{'overhead ms/step':>16} {'tok/s':>8} {'step/plain':>10} {'speedup':>8}")
     print(header)
     print("-" * len(header))
     lossless, plain_step, plain_rate = True, None, None
-    for key, per_prompt in samples.items():
-        name = key.split("/")[-1]
+    for (kernel, name), per_prompt in samples.items():
         wall = sum(statistics.median(s[0] for s in runs) for runs in per_prompt)
         fwd = sum(statistics.median(s[1] for s in runs) for runs in per_prompt)
         steps = sum(runs[0][2] for runs in per_prompt)
@@ -198,8 +196,9 @@ def oracle_overhead(target, tok, prompts: list[str], args, device: torch.device)
         nodes = 0 if name == "plain" else (2 * oracles[name].k if oracles[name].tree else oracles[name].k)
         if plain_step is None:  # the first kernel's "plain" comes first: the unit of the last two columns
             plain_step, plain_rate = wall / steps, tokens / wall
-        print(f"{key:<{width}} {nodes:>5} {tokens / steps:>5.2f} {steps:>6} {1e3 * wall / steps:>12.3f} "
-              f"{1e3 * fwd / steps:>11.3f} {1e3 * (wall - fwd) / steps:>16.3f} {tokens / wall:>8.1f} "
+        print(f"{label(kernel, name):<{width}} {nodes:>5} {tokens / steps:>5.2f} {steps:>6} "
+              f"{1e3 * wall / steps:>12.3f} {1e3 * fwd / steps:>11.3f} "
+              f"{1e3 * (wall - fwd) / steps:>16.3f} {tokens / wall:>8.1f} "
               f"{wall / steps / plain_step:>10.2f} {tokens / wall / plain_rate:>7.2f}x")
     print("overhead = wall time outside the target's forwards (prefill included in fwd) per verification step; "
           "step/plain = one verification step's wall time in plain decoding steps (the cost of verifying the "

@@ -56,7 +56,9 @@ def resolve_linear_kernel(choice: str, device: str, dtype: str) -> str:
     return "weight-major" if on_cpu and str(dtype) in ("float32", "torch.float32") else "stock"
 
 
-def _weight_major_class() -> type:
+@functools.cache  # one class, built on first use, so importing this module does not import torch
+def weight_major_linear_class() -> type:
+    """The ``nn.Linear`` subclass :func:`use_weight_major_linears` switches layers to."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -81,10 +83,16 @@ def _weight_major_class() -> type:
     return WeightMajorLinear
 
 
-@functools.cache  # one class, built on first use, so importing this module does not import torch
-def weight_major_linear_class() -> type:
-    """The ``nn.Linear`` subclass :func:`use_weight_major_linears` switches layers to."""
-    return _weight_major_class()
+def _linear_layers(modules: tuple[Any, ...]) -> Any:
+    """Every ``nn.Linear`` (subclasses included) inside ``modules``, each once (modules may share layers)."""
+    from torch import nn
+
+    seen: set[int] = set()
+    for module in modules:
+        for layer in module.modules() if module is not None else ():
+            if isinstance(layer, nn.Linear) and id(layer) not in seen:
+                seen.add(id(layer))
+                yield layer
 
 
 def use_weight_major_linears(*modules: Any, max_rows: int = WEIGHT_MAJOR_MAX_ROWS,
@@ -99,14 +107,8 @@ def use_weight_major_linears(*modules: Any, max_rows: int = WEIGHT_MAJOR_MAX_ROW
         raise SpecgraftError(f"max_rows must be at least 1, got {max_rows}")
     cls = weight_major_linear_class()
     switched = 0
-    seen: set[int] = set()
-    for module in modules:
-        if module is None:
-            continue
-        for layer in module.modules():
-            if id(layer) in seen or type(layer) not in (nn.Linear, cls) or layer.weight.numel() < min_weights:
-                continue
-            seen.add(id(layer))
+    for layer in _linear_layers(modules):
+        if type(layer) in (nn.Linear, cls) and layer.weight.numel() >= min_weights:
             layer.__class__ = cls  # the pattern torch.nn.utils.parametrize uses: same object, new forward
             layer.weight_major_max_rows = int(max_rows)
             switched += 1
@@ -119,14 +121,11 @@ def use_stock_linears(*modules: Any) -> int:
 
     cls = weight_major_linear_class()
     switched = 0
-    for module in modules:
-        if module is None:
-            continue
-        for layer in module.modules():
-            if type(layer) is cls:
-                layer.__class__ = nn.Linear
-                del layer.weight_major_max_rows
-                switched += 1
+    for layer in _linear_layers(modules):
+        if type(layer) is cls:
+            layer.__class__ = nn.Linear
+            del layer.weight_major_max_rows
+            switched += 1
     return switched
 
 
