@@ -93,14 +93,16 @@ def test_demo_smollm2_quick_end_to_end(smollm2_dir, tmp_path):
     assert {row["drafter"] for row in summary["rows"]} == {"medusa", "eagle3", "distilled draft"}
     assert {row["domain"] for row in summary["rows"]} == {"writing", "math", "overall"}
     assert all(str(row["lossless"]).startswith("passed") for row in summary["rows"])
+    # auto's kernel is what this machine measured faster on SmolLM2's layers; the profile and every eval agree
+    kernel = json.loads((out / "cost_profile.json").read_text())["linear_kernel"]
+    assert kernel in ("weight-major", "stock")
     for name in ("medusa", "eagle3", "distilled"):
         report = json.loads((out / "eval" / name / "report.json").read_text())
         assert report["overall"]["lossless_identical"] == report["overall"]["lossless_checked"] == 2
-        assert report["drafter"]["linear_kernel"] == "weight-major"  # SmolLM2's layers are large enough
+        assert report["drafter"]["linear_kernel"] == kernel
     head_config = json.loads((out / "eagle3" / "head" / "head_config.json").read_text())
     assert head_config["target"]["hidden_size"] == 576 and head_config["target"]["vocab_size"] == 49152
     assert set(summary["tuning"]) == {"medusa", "eagle3", "distilled draft"}
-    assert json.loads((out / "cost_profile.json").read_text())["linear_kernel"] == "weight-major"
     for export in ("demo-medusa-vllm", "demo-medusa-trtllm", "demo-eagle3-vllm", "demo-eagle3-sglang"):
         assert any(p.name.startswith(export) for p in (out / "exports").iterdir()), export
     text = (out / "summary.md").read_text()

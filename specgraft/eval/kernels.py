@@ -10,6 +10,12 @@ some 16 rows. Measured on SmolLM2-135M-Instruct (fp32, 2 threads, AMD EPYC, MKL 
 are equal. The results differ only by float rounding (another summation order); the decoder's lossless guarantee
 holds because plain and speculative decoding run the same kernels.
 
+The gain is a property of the CPU and its BLAS, not of the model: on an Intel Xeon with a 480 MB L3 cache
+(MKL, 2 threads) the same SmolLM2 forward took 39 / 83 / 81 / 82 / 82 ms weight-major against 38 / 41 / 59 / 71 / 77 ms
+with ``nn.Linear`` -- twice as slow at 2 rows. So ``auto`` measures instead of assuming: it times one sweep over the
+models' own eligible layers at 2-16 rows in both layouts (:func:`weight_major_speedup`, about a second) and switches
+only where weight-major is measured at least :data:`AUTO_MIN_SPEEDUP` times faster.
+
 :func:`use_weight_major_linears` switches the ``nn.Linear`` layers of the models a decoder runs (target, head, draft
 model) in place: same parameters (ties kept), same state-dict names, same module identity, so nothing else notices.
 Layers fall back to ``nn.Linear``'s own forward above ``max_rows`` rows and whenever autograd records (training).
@@ -27,8 +33,19 @@ from specgraft.errors import SpecgraftError
 logger = logging.getLogger(__name__)
 
 LINEAR_KERNELS = ("auto", "weight-major", "stock")
-"""``--linear-kernel`` choices: ``auto`` is weight-major for fp32 on CPU (where it was measured faster) and stock
-elsewhere; ``weight-major`` forces it; ``stock`` leaves ``nn.Linear`` as it is."""
+"""``--linear-kernel`` choices: ``auto`` measures both layouts for fp32 on CPU and keeps the faster (stock elsewhere);
+``weight-major`` forces it; ``stock`` leaves ``nn.Linear`` as it is."""
+
+AUTO_PROBE_ROWS = (2, 4, 8, 16)
+"""Row counts ``auto`` times both layouts at: a verification or draft block (1 row is a matrix-vector product
+either way)."""
+
+AUTO_PROBE_REPEATS = 3
+"""Alternating timed sweeps per layout; ``auto`` compares the medians."""
+
+AUTO_MIN_SPEEDUP = 1.1
+"""``auto`` switches to weight-major only when it is measured at least this much faster: near parity the choice
+would flip with timing noise between runs (and a cost profile records which kernel it was measured with)."""
 
 WEIGHT_MAJOR_MAX_ROWS = 16
 """Rows up to which the weight-major form is used; from 24 rows on it measured no faster than ``nn.Linear``."""
@@ -42,18 +59,80 @@ def add_linear_kernel_argument(parser: argparse.ArgumentParser) -> None:
     """Add ``--linear-kernel {auto,weight-major,stock}`` to a decoding command."""
     parser.add_argument("--linear-kernel", choices=LINEAR_KERNELS, default="auto",
                         help="matmul layout for the few-row products of decoding: weight-major computes (W @ x^T)^T, "
-                             "which MKL runs at about the one-token cost for 2-16 tokens; auto (default) uses it for "
-                             "fp32 on CPU; stock keeps nn.Linear")
+                             "which MKL runs at about the one-token cost for 2-16 tokens on some CPUs and at twice "
+                             "it on others; auto (default) times both on this machine's layers for fp32 on CPU and "
+                             "keeps the faster; stock keeps nn.Linear")
 
 
-def resolve_linear_kernel(choice: str, device: str, dtype: str) -> str:
-    """``weight-major`` or ``stock`` for a ``--linear-kernel`` choice on ``device`` / ``dtype``."""
+def resolve_linear_kernel(choice: str, device: str, dtype: str, *modules: Any) -> str:
+    """``weight-major`` or ``stock`` for a ``--linear-kernel`` choice on ``device`` / ``dtype``: ``auto`` is
+    stock except for fp32 on CPU, where it is what :func:`weight_major_speedup` measures faster on ``modules``
+    (stock when they have no layer large enough to switch)."""
     if choice not in LINEAR_KERNELS:
         raise SpecgraftError(f"--linear-kernel {choice!r} is not one of {', '.join(LINEAR_KERNELS)}; pick one of them")
     if choice != "auto":
         return choice
     on_cpu = str(device).split(":")[0] == "cpu"
-    return "weight-major" if on_cpu and str(dtype) in ("float32", "torch.float32") else "stock"
+    if not (on_cpu and str(dtype) in ("float32", "torch.float32")):
+        return "stock"
+    speedup = weight_major_speedup(*modules)
+    if speedup is None:
+        return "stock"
+    kernel = "weight-major" if speedup >= AUTO_MIN_SPEEDUP else "stock"
+    logger.info("linear kernel auto: weight-major measured %.2fx the speed of nn.Linear at %s rows on this "
+                "machine's layers -> %s", speedup, "/".join(map(str, AUTO_PROBE_ROWS)), kernel)
+    return kernel
+
+
+def _eligible_layers(modules: tuple[Any, ...], min_weights: int = WEIGHT_MAJOR_MIN_WEIGHTS) -> list[Any]:
+    """The layers :func:`use_weight_major_linears` would switch (plain ``nn.Linear`` with enough weights)."""
+    from torch import nn
+
+    cls = weight_major_linear_class()
+    return [layer for layer in _linear_layers(modules)
+            if type(layer) in (nn.Linear, cls) and layer.weight.numel() >= min_weights]
+
+
+def weight_major_speedup(*modules: Any, rows: tuple[int, ...] = AUTO_PROBE_ROWS,
+                         repeats: int = AUTO_PROBE_REPEATS) -> float | None:
+    """How many times faster the weight-major form runs ``modules``' eligible layers than ``nn.Linear``: the
+    median time of a sweep through every such layer (each once, as a forward streams them) at each of ``rows``,
+    the two layouts alternating; None when no layer is eligible. Inputs are random: the speed of a dense product
+    does not depend on the values."""
+    import statistics
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    layers = _eligible_layers(modules)
+    if not layers:
+        return None
+
+    def stock(layer: Any, x: Any) -> Any:
+        return F.linear(x, layer.weight, layer.bias)
+
+    def weight_major(layer: Any, x: Any) -> Any:
+        return weight_major_linear(x, layer.weight, layer.bias)
+    inputs = {(r, layer.in_features, layer.weight.dtype, layer.weight.device):
+              torch.randn(r, layer.in_features, dtype=layer.weight.dtype, device=layer.weight.device)
+              for r in rows for layer in layers}
+
+    def sweep(forward: Any) -> float:
+        start = time.perf_counter()
+        for r in rows:
+            for layer in layers:
+                forward(layer, inputs[(r, layer.in_features, layer.weight.dtype, layer.weight.device)])
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {"stock": [], "weight-major": []}
+    with torch.no_grad():
+        sweep(stock)  # warm-up: first-call allocations and BLAS initialisation
+        sweep(weight_major)
+        for _ in range(repeats):
+            times["stock"].append(sweep(stock))
+            times["weight-major"].append(sweep(weight_major))
+    return statistics.median(times["stock"]) / statistics.median(times["weight-major"])
 
 
 @functools.cache  # one class, built on first use, so importing this module does not import torch
@@ -73,14 +152,21 @@ def weight_major_linear_class() -> type:
             if rows == 0 or rows > self.weight_major_max_rows or (
                     torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad)):
                 return F.linear(input, self.weight, self.bias)
-            flat = input.reshape(rows, self.in_features)
-            if self.bias is None:
-                out = torch.mm(self.weight, flat.t())  # [out, rows]
-            else:
-                out = torch.addmm(self.bias.unsqueeze(1), self.weight, flat.t())
-            return out.t().contiguous().reshape(*input.shape[:-1], self.out_features)
+            return weight_major_linear(input, self.weight, self.bias)
 
     return WeightMajorLinear
+
+
+def weight_major_linear(input: Any, weight: Any, bias: Any = None) -> Any:  # noqa: A002 - F.linear's name
+    """``F.linear(input, weight, bias)`` computed as ``(W @ x^T)^T`` (the weight as the tall operand)."""
+    import torch
+
+    flat = input.reshape(-1, weight.shape[1])  # [rows, in]
+    if bias is None:
+        out = torch.mm(weight, flat.t())  # [out, rows]
+    else:
+        out = torch.addmm(bias.unsqueeze(1), weight, flat.t())
+    return out.t().contiguous().reshape(*input.shape[:-1], weight.shape[0])
 
 
 def _linear_layers(modules: tuple[Any, ...]) -> Any:
@@ -101,18 +187,14 @@ def use_weight_major_linears(*modules: Any, max_rows: int = WEIGHT_MAJOR_MAX_ROW
     weight-major forward, in place; returns how many layers were switched (already switched ones count again, so
     the call is idempotent). Subclasses of ``nn.Linear`` (PEFT layers, quantised layers) are left alone: their
     forward is their own."""
-    from torch import nn
-
     if max_rows < 1:
         raise SpecgraftError(f"max_rows must be at least 1, got {max_rows}")
     cls = weight_major_linear_class()
-    switched = 0
-    for layer in _linear_layers(modules):
-        if type(layer) in (nn.Linear, cls) and layer.weight.numel() >= min_weights:
-            layer.__class__ = cls  # the pattern torch.nn.utils.parametrize uses: same object, new forward
-            layer.weight_major_max_rows = int(max_rows)
-            switched += 1
-    return switched
+    layers = _eligible_layers(modules, min_weights)
+    for layer in layers:
+        layer.__class__ = cls  # the pattern torch.nn.utils.parametrize uses: same object, new forward
+        layer.weight_major_max_rows = int(max_rows)
+    return len(layers)
 
 
 def use_stock_linears(*modules: Any) -> int:
@@ -130,9 +212,9 @@ def use_stock_linears(*modules: Any) -> int:
 
 
 def apply_linear_kernel(choice: str, device: str, dtype: str, *modules: Any) -> str:
-    """Resolve ``choice`` for ``device``/``dtype`` and switch ``modules`` to it; returns the resolved kernel name
-    (recorded in reports and cost profiles, whose timings depend on it)."""
-    kernel = resolve_linear_kernel(choice, device, dtype)
+    """Resolve ``choice`` for ``device``/``dtype`` (``auto`` measures on ``modules``) and switch ``modules`` to it;
+    returns the resolved kernel name (recorded in reports and cost profiles, whose timings depend on it)."""
+    kernel = resolve_linear_kernel(choice, device, dtype, *modules)
     if kernel == "weight-major":
         count = use_weight_major_linears(*modules)
         logger.info("linear kernel: weight-major for up to %d rows (%d layers)", WEIGHT_MAJOR_MAX_ROWS, count)

@@ -9,10 +9,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgraft.errors import SpecgraftError
+from specgraft.eval import kernels
 from specgraft.eval.cost import check_profile
 from specgraft.eval.decoder import SpeculativeDecoder, generate_reference
 from specgraft.eval.drafters import DraftModelDrafter, SelfDrafter
 from specgraft.eval.kernels import (
+    AUTO_MIN_SPEEDUP,
     WEIGHT_MAJOR_MAX_ROWS,
     resolve_linear_kernel,
     use_stock_linears,
@@ -92,14 +94,36 @@ def test_greedy_speculative_with_switched_layers_equals_plain_decoding(tiny_arch
 
 
 @pytest.mark.parametrize("choice,device,dtype,expected", [
-    ("auto", "cpu", "float32", "weight-major"),
     ("auto", "cpu", "bfloat16", "stock"),
     ("auto", "cuda:0", "float32", "stock"),
     ("stock", "cpu", "float32", "stock"),
     ("weight-major", "cuda", "bfloat16", "weight-major"),
 ])
-def test_auto_resolves_to_weight_major_only_for_fp32_on_cpu(choice, device, dtype, expected):
-    assert resolve_linear_kernel(choice, device, dtype) == expected
+def test_forced_choices_and_auto_off_fp32_cpu_need_no_measurement(choice, device, dtype, expected, monkeypatch):
+    monkeypatch.setattr(kernels, "weight_major_speedup", lambda *m: pytest.fail("measured"))
+    assert resolve_linear_kernel(choice, device, dtype, nn.Linear(512, 512)) == expected
+
+
+@pytest.mark.parametrize("speedup,expected", [(2.0, "weight-major"), (AUTO_MIN_SPEEDUP, "weight-major"),
+                                              (1.05, "stock"), (0.5, "stock"), (None, "stock")])
+def test_auto_on_fp32_cpu_keeps_the_layout_measured_faster(speedup, expected, monkeypatch):
+    """weight-major only when measured at least AUTO_MIN_SPEEDUP times faster on the given modules (it ran at
+    half the speed of nn.Linear on one Xeon); stock when nothing is large enough to switch (None)."""
+    seen = []
+    monkeypatch.setattr(kernels, "weight_major_speedup", lambda *modules: seen.append(modules) or speedup)
+    layer = nn.Linear(512, 512)
+    assert resolve_linear_kernel("auto", "cpu", "float32", layer) == expected
+    assert seen == [(layer,)]
+    assert kernels.apply_linear_kernel("auto", "cpu", "float32", layer) == expected
+    assert (type(layer) is weight_major_linear_class()) == (expected == "weight-major")
+
+
+def test_the_measurement_times_the_eligible_layers_only():
+    big, small = nn.Linear(512, 256), nn.Linear(16, 16)
+    speedup = kernels.weight_major_speedup(nn.Sequential(big, small), rows=(2,), repeats=1)
+    assert speedup is not None and 0 < speedup < float("inf")
+    assert kernels.weight_major_speedup(small) is None  # below WEIGHT_MAJOR_MIN_WEIGHTS: nothing to time
+    assert type(big) is nn.Linear  # measuring switches nothing
 
 
 def test_bad_kernel_name_is_refused():
