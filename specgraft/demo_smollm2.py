@@ -206,7 +206,7 @@ def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = Non
     ``target_path``: an already converted SmolLM2 folder (default: the packaged GGUF's cached conversion)."""
     import torch
 
-    from specgraft.demo import _export, _tune_all, _write_summary, clear_folder, train_and_evaluate
+    from specgraft.demo_steps import clear_folder, export_heads, train_and_evaluate, tune_all, write_summary
     from specgraft.target import load_target
 
     skip = skip or set()
@@ -231,13 +231,13 @@ def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = Non
     recipes = {kind: smollm2_recipe(kind, target_path, train_file, out / kind, budget)
                for kind in ("medusa", "eagle3", "distill") if kind not in skip}
     results = train_and_evaluate(out, target, target_path, recipes, prompts_file, budget)
-    tuning = _tune_all(out, results, target_path, prompts_file, budget, threads) if results else {}
-    exports = {} if "export" in skip else _export(out, results)
+    tuning = tune_all(out, results, target_path, prompts_file, budget, threads) if results else {}
+    exports = {} if "export" in skip else export_heads(out, results)
     elapsed = time.perf_counter() - started
     notes = (f"training data: the target's own first replies to {budget.conversations} ShareGPT conversations "
              f"(`{train_file}`); evaluation prompts: `{prompts_file}`",
              "DFlash is not part of this demo: at this budget it does not pay on a CPU (README, DFlash; "
              "`benchmarks/bench_dflash.py`)")
-    return _write_summary(out, results, exports, elapsed, f"SmolLM2-135M-Instruct (float32, `{target_path}`)",
+    return write_summary(out, results, exports, elapsed, f"SmolLM2-135M-Instruct (float32, `{target_path}`)",
                           tuning, title="specgraft demo: per-domain acceptance and speedup on SmolLM2-135M-Instruct",
                           notes=notes)

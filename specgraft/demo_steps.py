@@ -1,0 +1,306 @@
+"""The steps both demos share (:mod:`specgraft.demo` on the embedded target, :mod:`specgraft.demo_smollm2` on
+SmolLM2-135M-Instruct): train and evaluate each drafter, tune them for the machine, export, write the summary."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from specgraft.defaults.corpus import DOMAINS
+from specgraft.utils.io import atomic_write_json, atomic_write_text
+
+
+def clear_folder(folder: Path) -> None:
+    """Delete everything inside ``folder`` (``--overwrite``)."""
+    import shutil
+
+    for child in folder.iterdir():
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+
+def train_and_evaluate(out: Path, target: Any, target_path: Path, recipes: dict[str, Any], prompts_file: Path,
+                       budget: Any) -> dict[str, dict[str, Any]]:
+    """Train the heads of ``recipes`` (by kind: medusa, eagle3, dflash; ``distill`` distills a draft model) and
+    evaluate each at its family's default setting; the results by drafter name, in the demo's order."""
+    results: dict[str, dict[str, Any]] = {}
+    for kind in ("medusa", "eagle3", "dflash"):
+        if kind in recipes:
+            head_dir = _train_head(kind, target, recipes[kind])
+            results[kind] = _evaluate_head(out, kind, head_dir, target_path, prompts_file, budget)
+    if "distill" in recipes and importlib.util.find_spec("specgraft.distill.trainer") is not None:
+        draft_dir = _distill(recipes["distill"])
+        results["distilled draft"] = _evaluate_draft(out, draft_dir, target_path, prompts_file, budget)
+    return results
+
+
+# -- steps ----------------------------------------------------------------------------------------------------
+
+
+def _train_head(kind: str, target: Any, recipe: Any) -> Path:
+    from specgraft.train.trainer import HeadTrainer
+
+    run_dir = Path(recipe.output.dir)
+    print(f"[demo] training {kind} ({recipe.training.max_steps} steps) -> {run_dir}", flush=True)
+    trainer = HeadTrainer(recipe, target=target)
+    try:
+        trainer.setup()
+        summary = trainer.train()
+    finally:
+        trainer.cleanup()
+    print(f"[demo]   {summary['tokens_per_s']:.0f} target tokens/s", flush=True)
+    return run_dir / "head"
+
+
+def _distill(recipe: Any) -> Path:
+    from specgraft.distill.trainer import DistillTrainer
+
+    run_dir = Path(recipe.output.dir)
+    print(f"[demo] distilling a draft model ({recipe.training.max_steps} steps) -> {run_dir}", flush=True)
+    trainer = DistillTrainer(recipe)
+    try:
+        trainer.setup()
+        trainer.train()
+    finally:
+        trainer.cleanup()
+    return run_dir / trainer.final_dir
+
+
+def _eval_settings(budget: Any):
+    from specgraft.eval.report import EvalSettings
+
+    return EvalSettings(max_new_tokens=budget.max_new_tokens, repeats=budget.repeats, warmup=1)
+
+
+def _decode_kernel(*modules: Any) -> str:
+    """Switch the modules the demo decodes with to `auto`'s linear kernel for fp32 on CPU (what `specgraft eval`
+    uses by default: weight-major where a layer is large enough to gain, i.e. SmolLM2, never the embedded target)."""
+    from specgraft.eval.kernels import apply_linear_kernel
+
+    return apply_linear_kernel("auto", "cpu", "float32", *modules)
+
+
+def _load_prompts(prompts_file: Path):
+    from specgraft.eval.prompts import load_prompts
+
+    return load_prompts([prompts_file])
+
+
+def _evaluate_head(out: Path, kind: str, head_dir: Path, target_path: Path, prompts_file: Path,
+                   budget: Any) -> dict[str, Any]:
+    from specgraft.eval.report import run_eval
+    from specgraft.heads.base import load_head
+    from specgraft.heads.registry import family_of
+    from specgraft.target import load_target
+
+    target = load_target(target_path)  # a fresh target: the decoder owns its caches
+    head = load_head(target, head_dir)
+    target = head.target  # the head's own (Medusa-2: with its adapter merged)
+    family = family_of(head)
+    setting = family.setting_from_flags()  # the family's defaults, as `specgraft eval --head` drafts
+    drafter = family.drafter(head, setting)
+    kernel = _decode_kernel(target.model, *drafter.modules())
+    print(f"[demo] evaluating {kind} per domain", flush=True)
+    report = run_eval(target, drafter, _load_prompts(prompts_file), out / "eval" / kind,
+                      settings=_eval_settings(budget), drafter_info={"type": kind, "path": str(head_dir),
+                                                                     "mode": setting["mode"],
+                                                                     "setting_source": "defaults",
+                                                                     "linear_kernel": kernel})
+    return {"report": report, "report_dir": out / "eval" / kind, "head_dir": head_dir, "drafter_dir": head_dir}
+
+
+def _evaluate_draft(out: Path, draft_dir: Path, target_path: Path, prompts_file: Path,
+                    budget: Any) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    from specgraft.eval.drafters import DraftModelDrafter
+    from specgraft.eval.report import run_eval
+    from specgraft.target import load_target
+
+    target = load_target(target_path)
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir).eval()
+    drafter = DraftModelDrafter(draft, k=4)
+    kernel = _decode_kernel(target.model, *drafter.modules())
+    print("[demo] evaluating the distilled draft per domain", flush=True)
+    report = run_eval(target, drafter, _load_prompts(prompts_file), out / "eval" / "distilled",
+                      settings=_eval_settings(budget), drafter_info={"type": "draft_model", "path": str(draft_dir),
+                                                                     "mode": "chain", "k": 4,
+                                                                     "setting_source": "defaults",
+                                                                     "linear_kernel": kernel})
+    return {"report": report, "report_dir": out / "eval" / "distilled", "head_dir": None, "drafter_dir": draft_dir}
+
+
+# -- tuning ---------------------------------------------------------------------------------------------------
+def tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, prompts_file: Path,
+              budget: Any, threads: int | None) -> dict[str, dict[str, Any]]:
+    """Measure this machine's cost profile once, then tune every drafter from its default eval (the calibration)
+    and evaluate it at the tuned setting; writes tuned.json beside each head/draft (exports pick it up)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specgraft.eval.cost import measure_profile
+    from specgraft.eval.prompts import render_turn
+    from specgraft.eval.tune import TUNED_NAME, default_kv_length, kind_of, setting_label, tune
+    from specgraft.heads.base import load_head
+    from specgraft.heads.registry import family_of
+    from specgraft.target import load_target
+
+    target = load_target(target_path)
+    prompts = _load_prompts(prompts_file)
+    sources: dict[str, tuple[str, str, Any]] = {}  # name -> (kind, head type, head or draft model)
+    for name, result in results.items():
+        if result["head_dir"] is not None:
+            head = load_head(target, result["head_dir"])
+            if family_of(head).tuning is None:
+                print(f"[demo] {name}: `specgraft tune` has no search for this family yet; it stays at its "
+                      "defaults", flush=True)
+                continue
+            sources[name] = (kind_of(head.head_type), head.head_type, head)
+        else:
+            sources[name] = ("draft_model", "draft_model",
+                             AutoModelForCausalLM.from_pretrained(result["drafter_dir"]).eval())
+    kernel = _decode_kernel(target.model, *(src for _, _, src in sources.values()))
+    lengths = [len(render_turn(target.tokenizer, p.turns, [])[1]) for p in prompts]
+    kv_length = default_kv_length(lengths, budget.max_new_tokens)
+    print(f"[demo] measuring this machine's cost profile (KV length {kv_length})", flush=True)
+    profile = measure_profile(
+        target, device="cpu", dtype="float32", threads=threads or torch.get_num_threads(), kv_length=kv_length,
+        token_counts=budget.profile_token_counts, repeats=budget.profile_repeats, draft_calls=budget.draft_calls,
+        heads=[(str(results[n]["drafter_dir"]), src, ht) for n, (k, ht, src) in sources.items() if k != "draft_model"],
+        drafts=[(str(results[n]["drafter_dir"]), src) for n, (k, _, src) in sources.items() if k == "draft_model"],
+        linear_kernel=kernel)
+    profile.save(out / "cost_profile.json")
+    tuned: dict[str, dict[str, Any]] = {}
+    for name, (kind, head_type, source) in sources.items():
+        result = results[name]
+        print(f"[demo] tuning {name} for this machine", flush=True)
+        prior_hook = family_of(source).hooks.get("tuning_prior") if kind != "draft_model" else None
+        prior = prior_hook(source) if prior_hook is not None else None
+        outcome, record = tune(target, kind, head_type, source, result["drafter_dir"], prompts,
+                               out / "tune" / name.replace(" ", "_"), profile=profile,
+                               calibration=(result["report"], str(result["report_dir"] / "report.json")),
+                               settings=_eval_settings(budget), prior=prior, calibration_is_default=True,
+                               linear_kernel=kernel)
+        atomic_write_json(Path(result["drafter_dir"]) / TUNED_NAME, record)
+        tuned[name] = {"setting": setting_label(kind, outcome.chosen.setting),
+                       "default": setting_label(kind, outcome.default.setting) if outcome.default else "default",
+                       "predicted": outcome.chosen.speedup,
+                       "predicted_default": outcome.default.speedup if outcome.default else None,
+                       "measured": (outcome.measured.get("tuned") or {}).get("speedup_ratio_of_totals"),
+                       "measured_default": (outcome.measured.get("default") or {}).get("speedup_ratio_of_totals"),
+                       "report_dir": out / "tune" / name.replace(" ", "_") / "tuned"}
+    return tuned
+
+
+def export_heads(out: Path, results: dict[str, dict[str, Any]]) -> dict[str, Path]:
+    from specgraft.export.exporter import export_head
+
+    exports: dict[str, Path] = {}
+    plan = {"medusa": ["vllm", "trtllm"], "eagle3": ["vllm", "sglang"], "dflash": ["vllm", "sglang"]}
+    for kind, formats in plan.items():
+        if kind not in results:
+            continue
+        for fmt in formats:
+            dest = out / "exports" / f"demo-{kind}-{fmt}"
+            result = export_head(results[kind]["head_dir"], fmt, dest, report=results[kind]["report_dir"],
+                                 overwrite=True)
+            exports[f"{kind} -> {fmt}"] = Path(getattr(result, "path", dest))
+            print(f"[demo] exported {kind} for {fmt} -> {exports[f'{kind} -> {fmt}']}", flush=True)
+    return exports
+
+
+# -- summary --------------------------------------------------------------------------------------------------
+
+
+
+def write_summary(out: Path, results: dict[str, dict[str, Any]], exports: dict[str, Path], elapsed: float,
+                   target_line: str, tuning: dict[str, dict[str, Any]] | None = None, *,
+                   title: str, notes: tuple[str, ...] = ()) -> dict[str, Any]:
+    seen = {d for r in results.values() for d in r["report"]["domains"]}
+    # the corpus's order (most to least predictable by design), then anything else
+    domains = [d for d in DOMAINS if d in seen] + sorted(seen - set(DOMAINS))
+    lines = ["# specgraft demo", "",
+             f"Target: {target_line}.",
+             f"Total time: {elapsed / 60:.1f} min. Every speedup is wall-clock on this CPU against plain decoding "
+             "of the same target in the same process; every answer is in the drafter's answers.jsonl.", "",
+             "| drafter | domain | tau | speedup (mean of ratios) | speedup (ratio of totals) | lossless |",
+             "|---|---|---:|---:|---:|---|"]
+    table = []
+    for name, result in results.items():
+        rep = result["report"]
+        for domain in [*domains, "overall"]:
+            values = rep["overall"] if domain == "overall" else rep["domains"].get(domain)
+            if values is None:
+                continue
+            row = (name, domain, values.get("tau"), values.get("speedup_mean_of_ratios"),
+                   values.get("speedup_ratio_of_totals"), values.get("lossless_check"))
+            table.append(row)
+            lines.append(f"| {name} | {domain} | {_num(row[2])} | {_num(row[3])}x | {_num(row[4])}x | "
+                         f"{str(row[5]).split(' (')[0]} |")
+    if tuning:
+        lines += ["", "## Tuned for this machine (`specgraft tune`)", "",
+                  "The table above is each drafter at its default (GPU-sized) setting. `specgraft tune` measured this "
+                  "machine's costs (`cost_profile.json`), predicted every setting's speed from the default run's "
+                  "acceptance statistics, and the tuned setting was then measured like the default (plain and "
+                  "speculative decoding interleaved per prompt in one process).", "",
+                  "| drafter | default setting | default speedup (pred / measured) | tuned setting | tuned speedup "
+                  "(pred / measured) |", "|---|---|---:|---|---:|"]
+        for name, t in tuning.items():
+            lines.append(f"| {name} | {t['default']} | {_num(t['predicted_default'])}x / {_num(t['measured_default'])}x"
+                         f" | {t['setting']} | {_num(t['predicted'])}x / {_num(t['measured'])}x |")
+    lines += ["", "## Where things are", ""]
+    for name, result in results.items():
+        lines.append(f"- {name}: report `{result['report_dir'] / 'report.md'}`"
+                     + (f", head `{result['head_dir']}`" if result["head_dir"] else ""))
+    for name, path in exports.items():
+        lines.append(f"- export {name}: `{path}`")
+    lines += [f"- {note}" for note in notes]
+    plot = _plot(out, results, domains, title)
+    if plot is not None:
+        lines += ["", f"![tau and speedup per domain]({plot.name})"]
+    text = "\n".join(lines) + "\n"
+    atomic_write_text(out / "summary.md", text)
+    data = {"elapsed_s": elapsed, "rows": [dict(zip(("drafter", "domain", "tau", "speedup_mean_of_ratios",
+                                                     "speedup_ratio_of_totals", "lossless"), r)) for r in table],
+            "exports": {k: str(v) for k, v in exports.items()},
+            "tuning": {k: {kk: (str(vv) if isinstance(vv, Path) else vv) for kk, vv in v.items()}
+                       for k, v in (tuning or {}).items()}}
+    atomic_write_json(out / "summary.json", data)
+    printed = text + f"\nsummary: {out / 'summary.md'}" + (f"\nplot: {plot}" if plot else "")
+    return {"text": printed, **data}
+
+
+def _num(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, (int, float)) else "-"
+
+
+def _plot(out: Path, results: dict[str, dict[str, Any]], domains: list[str], title: str) -> Path | None:
+    if not results or not domains:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    width = 0.8 / len(names)
+    for ax, key, title in ((axes[0], "tau", "tau (tokens per target forward)"),
+                           (axes[1], "speedup_ratio_of_totals", "wall-clock speedup vs plain decoding")):
+        for i, name in enumerate(names):
+            doms = results[name]["report"]["domains"]
+            values = [float(doms.get(d, {}).get(key) or 0.0) for d in domains]
+            xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(domains))]
+            bars = ax.bar(xs, values, width, label=name)
+            ax.bar_label(bars, fmt="%.2f", fontsize=7)
+        ax.set_xticks(range(len(domains)), domains)
+        ax.set_title(title)
+        if key != "tau":
+            ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = out / "summary.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
