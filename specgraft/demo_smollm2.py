@@ -20,6 +20,7 @@ ShareGPT first turns (domain ``sharegpt``). DFlash is left out: at this budget i
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import dataclass
@@ -66,6 +67,8 @@ class SmolLM2Budget:
     prompts_per_domain: int
     max_new_tokens: int
     repeats: int
+    held_out_prompts: int = 8
+    """Held-out ShareGPT first turns evaluated on when no prompt file is given."""
     eagle3_draft_vocab_size: int | None = None
     """None: the recipe's 16k draft vocabulary."""
     alpha_eval_every: int = 0
@@ -91,7 +94,7 @@ def smollm2_recipe(kind: str, target_path: Path, train_file: Path, out_dir: Path
     from specgraft.config import DistillRecipe, Recipe, from_dict
 
     steps = {"medusa": budget.medusa_steps, "eagle3": budget.eagle3_steps, "distill": budget.distill_steps}[kind]
-    sections = json.loads(json.dumps(RECIPE_SECTIONS[kind]))  # a deep copy
+    sections = copy.deepcopy(RECIPE_SECTIONS[kind])
     if kind == "eagle3" and budget.eagle3_draft_vocab_size is not None:
         sections["head"]["draft_vocab_size"] = budget.eagle3_draft_vocab_size
     if kind == "distill":
@@ -206,7 +209,14 @@ def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = Non
     ``target_path``: an already converted SmolLM2 folder (default: the packaged GGUF's cached conversion)."""
     import torch
 
-    from specgraft.demo_steps import clear_folder, export_heads, train_and_evaluate, tune_all, write_summary
+    from specgraft.demo_steps import (
+        choose_decode_kernel,
+        clear_folder,
+        export_heads,
+        train_and_evaluate,
+        tune_all,
+        write_summary,
+    )
     from specgraft.target import load_target
 
     skip = skip or set()
@@ -222,7 +232,7 @@ def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = Non
 
     data_dir = out / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
-    held_out = 0 if prompts is not None else 8 * budget.prompts_per_domain
+    held_out = 0 if prompts is not None else budget.held_out_prompts
     train_records, held_out_prompts = split_conversations(_sharegpt_records(sharegpt), budget, held_out)
     prompts_file = write_prompts(data_dir / "prompts.jsonl", budget, prompts, held_out_prompts)
     train_file = data_dir / "train.jsonl"
@@ -230,8 +240,9 @@ def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = Non
 
     recipes = {kind: smollm2_recipe(kind, target_path, train_file, out / kind, budget)
                for kind in ("medusa", "eagle3", "distill") if kind not in skip}
-    results = train_and_evaluate(out, target, target_path, recipes, prompts_file, budget)
-    tuning = tune_all(out, results, target_path, prompts_file, budget, threads) if results else {}
+    kernel = choose_decode_kernel(target.model)
+    results = train_and_evaluate(out, target, target_path, recipes, prompts_file, budget, kernel)
+    tuning = tune_all(out, results, target_path, prompts_file, budget, threads, kernel) if results else {}
     exports = {} if "export" in skip else export_heads(out, results)
     elapsed = time.perf_counter() - started
     notes = (f"training data: the target's own first replies to {budget.conversations} ShareGPT conversations "

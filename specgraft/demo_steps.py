@@ -20,17 +20,18 @@ def clear_folder(folder: Path) -> None:
 
 
 def train_and_evaluate(out: Path, target: Any, target_path: Path, recipes: dict[str, Any], prompts_file: Path,
-                       budget: Any) -> dict[str, dict[str, Any]]:
+                       budget: Any, kernel: str) -> dict[str, dict[str, Any]]:
     """Train the heads of ``recipes`` (by kind: medusa, eagle3, dflash; ``distill`` distills a draft model) and
-    evaluate each at its family's default setting; the results by drafter name, in the demo's order."""
+    evaluate each at its family's default setting with the linear ``kernel`` (:func:`choose_decode_kernel`); the
+    results by drafter name, in the demo's order."""
     results: dict[str, dict[str, Any]] = {}
     for kind in ("medusa", "eagle3", "dflash"):
         if kind in recipes:
             head_dir = _train_head(kind, target, recipes[kind])
-            results[kind] = _evaluate_head(out, kind, head_dir, target_path, prompts_file, budget)
+            results[kind] = _evaluate_head(out, kind, head_dir, target_path, prompts_file, budget, kernel)
     if "distill" in recipes and importlib.util.find_spec("specgraft.distill.trainer") is not None:
         draft_dir = _distill(recipes["distill"])
-        results["distilled draft"] = _evaluate_draft(out, draft_dir, target_path, prompts_file, budget)
+        results["distilled draft"] = _evaluate_draft(out, draft_dir, target_path, prompts_file, budget, kernel)
     return results
 
 
@@ -72,12 +73,19 @@ def _eval_settings(budget: Any):
     return EvalSettings(max_new_tokens=budget.max_new_tokens, repeats=budget.repeats, warmup=1)
 
 
-def _decode_kernel(*modules: Any) -> str:
-    """Switch the modules the demo decodes with to `auto`'s linear kernel for fp32 on CPU (what `specgraft eval`
-    uses by default: weight-major where a layer is large enough to gain, i.e. SmolLM2, never the embedded target)."""
+def choose_decode_kernel(target_model: Any) -> str:
+    """`auto`'s linear kernel for fp32 on CPU (what `specgraft eval` uses by default), measured once per demo on the
+    target, whose layers dominate decoding: every eval, the profile and the tuning then run the same kernel."""
+    from specgraft.eval.kernels import resolve_linear_kernel
+
+    return resolve_linear_kernel("auto", "cpu", "float32", target_model)
+
+
+def _decode_kernel(kernel: str, *modules: Any) -> str:
+    """Switch the modules the demo decodes with to ``kernel`` (a resolved name: nothing is measured again)."""
     from specgraft.eval.kernels import apply_linear_kernel
 
-    return apply_linear_kernel("auto", "cpu", "float32", *modules)
+    return apply_linear_kernel(kernel, "cpu", "float32", *modules)
 
 
 def _load_prompts(prompts_file: Path):
@@ -87,7 +95,7 @@ def _load_prompts(prompts_file: Path):
 
 
 def _evaluate_head(out: Path, kind: str, head_dir: Path, target_path: Path, prompts_file: Path,
-                   budget: Any) -> dict[str, Any]:
+                   budget: Any, kernel: str) -> dict[str, Any]:
     from specgraft.eval.report import run_eval
     from specgraft.heads.base import load_head
     from specgraft.heads.registry import family_of
@@ -99,7 +107,7 @@ def _evaluate_head(out: Path, kind: str, head_dir: Path, target_path: Path, prom
     family = family_of(head)
     setting = family.setting_from_flags()  # the family's defaults, as `specgraft eval --head` drafts
     drafter = family.drafter(head, setting)
-    kernel = _decode_kernel(target.model, *drafter.modules())
+    kernel = _decode_kernel(kernel, target.model, *drafter.modules())
     print(f"[demo] evaluating {kind} per domain", flush=True)
     report = run_eval(target, drafter, _load_prompts(prompts_file), out / "eval" / kind,
                       settings=_eval_settings(budget), drafter_info={"type": kind, "path": str(head_dir),
@@ -110,7 +118,7 @@ def _evaluate_head(out: Path, kind: str, head_dir: Path, target_path: Path, prom
 
 
 def _evaluate_draft(out: Path, draft_dir: Path, target_path: Path, prompts_file: Path,
-                    budget: Any) -> dict[str, Any]:
+                    budget: Any, kernel: str) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from specgraft.eval.drafters import DraftModelDrafter
@@ -120,7 +128,7 @@ def _evaluate_draft(out: Path, draft_dir: Path, target_path: Path, prompts_file:
     target = load_target(target_path)
     draft = AutoModelForCausalLM.from_pretrained(draft_dir).eval()
     drafter = DraftModelDrafter(draft, k=4)
-    kernel = _decode_kernel(target.model, *drafter.modules())
+    kernel = _decode_kernel(kernel, target.model, *drafter.modules())
     print("[demo] evaluating the distilled draft per domain", flush=True)
     report = run_eval(target, drafter, _load_prompts(prompts_file), out / "eval" / "distilled",
                       settings=_eval_settings(budget), drafter_info={"type": "draft_model", "path": str(draft_dir),
@@ -132,7 +140,7 @@ def _evaluate_draft(out: Path, draft_dir: Path, target_path: Path, prompts_file:
 
 # -- tuning ---------------------------------------------------------------------------------------------------
 def tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, prompts_file: Path,
-              budget: Any, threads: int | None) -> dict[str, dict[str, Any]]:
+              budget: Any, threads: int | None, kernel: str) -> dict[str, dict[str, Any]]:
     """Measure this machine's cost profile once, then tune every drafter from its default eval (the calibration)
     and evaluate it at the tuned setting; writes tuned.json beside each head/draft (exports pick it up)."""
     import torch
@@ -159,7 +167,7 @@ def tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, p
         else:
             sources[name] = ("draft_model", "draft_model",
                              AutoModelForCausalLM.from_pretrained(result["drafter_dir"]).eval())
-    kernel = _decode_kernel(target.model, *(src for _, _, src in sources.values()))
+    kernel = _decode_kernel(kernel, target.model, *(src for _, _, src in sources.values()))
     lengths = [len(render_turn(target.tokenizer, p.turns, [])[1]) for p in prompts]
     kv_length = default_kv_length(lengths, budget.max_new_tokens)
     print(f"[demo] measuring this machine's cost profile (KV length {kv_length})", flush=True)
