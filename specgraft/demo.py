@@ -16,14 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specgraft.demo_steps import (
-    choose_decode_kernel,
-    clear_folder,
-    export_heads,
-    train_and_evaluate,
-    tune_all,
-    write_summary,
-)
+from specgraft.demo_steps import clear_folder, run_drafters, write_summary
 from specgraft.errors import SpecgraftError
 from specgraft.utils.io import atomic_write_text
 
@@ -130,10 +123,8 @@ def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: se
              "distill": budget.distill_steps}
     recipes = {kind: _recipe(kind, target_path, train_file, out / kind, budget, n) for kind, n in steps.items()
                if kind not in skip}
-    kernel = choose_decode_kernel(target.model)
-    results = train_and_evaluate(out, target, target_path, recipes, prompts_file, budget, kernel)
-    tuning = tune_all(out, results, target_path, prompts_file, budget, threads, kernel) if results else {}
-    exports = {} if "export" in skip else export_heads(out, results)
+    results, tuning, exports = run_drafters(out, target, target_path, recipes, prompts_file, budget, threads,
+                                            export="export" not in skip)
 
     elapsed = time.perf_counter() - started
     target_line = f"the embedded default target (held-out perplexity: {_fmt_ppl(report)})"

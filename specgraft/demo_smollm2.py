@@ -209,14 +209,7 @@ def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = Non
     ``target_path``: an already converted SmolLM2 folder (default: the packaged GGUF's cached conversion)."""
     import torch
 
-    from specgraft.demo_steps import (
-        choose_decode_kernel,
-        clear_folder,
-        export_heads,
-        train_and_evaluate,
-        tune_all,
-        write_summary,
-    )
+    from specgraft.demo_steps import clear_folder, run_drafters, write_summary
     from specgraft.target import load_target
 
     skip = skip or set()
@@ -240,10 +233,8 @@ def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = Non
 
     recipes = {kind: smollm2_recipe(kind, target_path, train_file, out / kind, budget)
                for kind in ("medusa", "eagle3", "distill") if kind not in skip}
-    kernel = choose_decode_kernel(target.model)
-    results = train_and_evaluate(out, target, target_path, recipes, prompts_file, budget, kernel)
-    tuning = tune_all(out, results, target_path, prompts_file, budget, threads, kernel) if results else {}
-    exports = {} if "export" in skip else export_heads(out, results)
+    results, tuning, exports = run_drafters(out, target, target_path, recipes, prompts_file, budget, threads,
+                                            export="export" not in skip)
     elapsed = time.perf_counter() - started
     notes = (f"training data: the target's own first replies to {budget.conversations} ShareGPT conversations "
              f"(`{train_file}`); evaluation prompts: `{prompts_file}`",

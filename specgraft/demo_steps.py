@@ -19,6 +19,18 @@ def clear_folder(folder: Path) -> None:
         shutil.rmtree(child) if child.is_dir() else child.unlink()
 
 
+def run_drafters(out: Path, target: Any, target_path: Path, recipes: dict[str, Any], prompts_file: Path,
+                 budget: Any, threads: int | None, export: bool = True
+                 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], dict[str, Path]]:
+    """The middle of every demo: choose the decode kernel, train and evaluate each drafter of ``recipes``, tune
+    them for this machine, export the heads (unless ``export`` is false); returns (results, tuning, exports)."""
+    kernel = choose_decode_kernel(target.model)
+    results = train_and_evaluate(out, target, target_path, recipes, prompts_file, budget, kernel)
+    tuning = tune_all(out, results, target_path, prompts_file, budget, threads, kernel) if results else {}
+    exports = export_heads(out, results) if export else {}
+    return results, tuning, exports
+
+
 def train_and_evaluate(out: Path, target: Any, target_path: Path, recipes: dict[str, Any], prompts_file: Path,
                        budget: Any, kernel: str) -> dict[str, dict[str, Any]]:
     """Train the heads of ``recipes`` (by kind: medusa, eagle3, dflash; ``distill`` distills a draft model) and
