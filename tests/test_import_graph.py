@@ -14,7 +14,7 @@ import specgraft
 ROOT = Path(specgraft.__file__).parent
 #: The drafter protocol and the tree / verify / KV machinery the families build on.
 EVAL_CORE = ("specgraft.eval.drafter", "specgraft.eval.tree", "specgraft.eval.verify", "specgraft.eval.kv",
-             "specgraft.eval.acceptance", "specgraft.eval.decoder", "specgraft.eval.drafters")
+             "specgraft.eval.acceptance", "specgraft.eval.decoder", "specgraft.eval.drafters", "specgraft.eval.search")
 
 
 def module_files() -> dict[str, Path]:

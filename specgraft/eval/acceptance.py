@@ -21,7 +21,7 @@ tree of ``n`` nodes that maximises it by dynamic programming over subtree sizes 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +109,15 @@ class AcceptanceRecorder:
             out["node_accepted"] = self.node_accepted
             out["node_reach"] = [a / self.verdicts if self.verdicts else None for a in self.node_accepted]
         return out
+
+
+def calibration_probabilities(calibration: Mapping[str, Any]) -> list[list[float]]:
+    """``p[d][r]`` of a tuner's calibration numbers (``statistics``: the eval report's ``acceptance_statistics``;
+    ``prior``: a family's prior for cells never tried, optional); one error line when the report has none."""
+    if not calibration.get("statistics"):
+        raise SpecgraftError("the calibration report has no acceptance_statistics (per depth and rank); re-run "
+                             "`specgraft eval` with this version for the head")
+    return rank_probabilities(calibration["statistics"], prior=calibration.get("prior"))
 
 
 def rank_probabilities(stats: dict[str, Any], prior: Sequence[Sequence[float]] | None = None,

@@ -36,6 +36,7 @@ from typing import Any
 from specgraft.errors import SpecgraftError
 from specgraft.eval.drafter import DraftContext, Drafter
 from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kernel
+from specgraft.eval.search import monotone
 from specgraft.eval.tree import DraftTree
 from specgraft.utils.args import int_list
 from specgraft.utils.io import atomic_write_json, read_json_meta
@@ -51,11 +52,7 @@ DEFAULT_REPEATS = 5
 SHORT_STEPS, LONG_STEPS = 4, 16
 #: Timed propose() calls per drafter setting (after one warm-up call); the median counts.
 DRAFT_CALLS = 15
-#: Settings measured for drafters.
-MEDUSA_MAX_HEADS = 8
-MEDUSA_NODES = (1, 3, 7, 15, 31, 63)
-EAGLE_DEPTHS = (1, 2, 3, 4, 5, 6)
-EAGLE_TOP_KS = (2, 3, 4, 6, 8, 10)
+#: Settings measured for draft models (a head family measures its own: its ``profile_drafter`` hook).
 DRAFT_MODEL_KS = (1, 2, 3, 4, 5, 6, 8)
 CATCHUP_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 #: Keys every profile JSON must hold.
@@ -325,19 +322,7 @@ def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repea
     return {mode: monotone(table) for mode, table in out.items()}
 
 
-def monotone(table: dict[int, float]) -> dict[int, float]:
-    """The closest non-decreasing curve (pool-adjacent-violators): verifying more tokens never costs less, so a
-    dip is timing noise, and pooling it with its neighbours averages that noise out."""
-    keys = sorted(table)
-    blocks: list[list[float]] = []  # [sum, count] per pooled block
-    for k in keys:
-        blocks.append([table[k], 1.0])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    values = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
-    return dict(zip(keys, values))
+
 
 
 class _Reference:
@@ -454,42 +439,13 @@ def measure_head(head: Any, head_type: str, model: Any, kv_length: int, calls: i
 
     from specgraft.heads.registry import get_family
 
-    family = get_family(head_type)
-    if "profile_drafter" in family.hooks:
-        # A family that measures its own drafting settings (DFlash: one block forward per width).
-        return family.hooks["profile_drafter"](head, timed)
-    if family.tuning == "medusa":
-        # A static tree from per-depth top-k accuracies: one call runs `h` heads and fills (and reports q for) the
-        # tree's nodes, so the cost goes by heads and nodes.
-        accuracy = family.hooks["tuning_prior"](head)
-        static_tree = family.hooks["static_tree"]
-        per_call: dict[str, dict[str, float]] = {}
-        for h in range(1, min(len(accuracy), MEDUSA_MAX_HEADS) + 1):
-            per_call[str(h)] = {}
-            for nodes in MEDUSA_NODES:
-                tree = static_tree(accuracy, nodes, max_depth=h)
-                if tree.depth == h and tree.size == nodes:
-                    per_call[str(h)][str(nodes)] = timed(family.drafter(head, {"paths": tree.paths}))
-        return {"kind": "medusa", "num_heads": len(accuracy), "per_call_s": per_call}
-    if family.tuning != "eagle":
+    hook = get_family(head_type).hooks.get("profile_drafter")
+    if hook is None:
         raise SpecgraftError(f"{head_type} heads have no tunable drafting settings to profile; evaluate them with "
                              "`specgraft eval` at their defaults")
-    chain = {str(d): timed(family.drafter(head, {"mode": "chain", "depth": d})) for d in EAGLE_DEPTHS}
-    tree = {}
-    for k in EAGLE_TOP_KS:
-        for d in EAGLE_DEPTHS:
-            total = 1 + k * d  # about the nodes an EAGLE-2 tree of this width and depth keeps
-            tree[f"{k},{d}"] = timed(family.drafter(head, {"mode": "tree", "top_k": k, "depth": d,
-                                                           "total_tokens": total}))
-    # Drafting deeper or wider never costs less: smooth timing noise along depth, then along width.
-    chain = {str(d): v for d, v in monotone({int(d): v for d, v in chain.items()}).items()}
-    for k in EAGLE_TOP_KS:
-        row = monotone({d: tree[f"{k},{d}"] for d in EAGLE_DEPTHS})
-        tree.update({f"{k},{d}": v for d, v in row.items()})
-    for d in EAGLE_DEPTHS:
-        column = monotone({k: tree[f"{k},{d}"] for k in EAGLE_TOP_KS})
-        tree.update({f"{k},{d}": v for k, v in column.items()})
-    return {"kind": head_type, "chain_s": chain, "tree_s": tree}
+    # The family measures its own settings (Medusa: per heads and tree nodes; EAGLE: per depth and top-k; DFlash:
+    # one block forward per width).
+    return hook(head, timed)
 
 
 def measure_draft_model(draft: Any, model: Any, kv_length: int, calls: int, ref: _Reference) -> dict[str, Any]:

@@ -10,18 +10,12 @@ statistics of a calibration eval (:mod:`specgraft.eval.acceptance`; run now at t
 given), picks the best, runs a confirming eval at the chosen and the default settings on the calibration prompts,
 and writes ``tuned.json`` beside the head (``specgraft eval`` then uses it unless a setting flag is given).
 
-Candidates and their predicted acceptance:
-
-* Medusa: the optimal static tree for every size ``n`` and depth (number of heads used), by the dynamic program
-  of :func:`~specgraft.eval.acceptance.optimal_tree` over per-(depth, rank) acceptance measured in the calibration
-  run (the head's stored top-k accuracies where a cell was never tried). Drafting costs one call of ``depth`` heads.
-* EAGLE / EAGLE-3: chains of depth ``D`` (``E = sum_d prod_{j<=d} p[j][0]``) and dynamic trees (top-k ``k``,
-  depth ``D``, ``T`` tokens), predicted as the optimal static tree with ranks ``< k``, depth ``<= D`` and ``T - 1``
-  nodes (the dynamic tree picks its nodes by draft confidence, which the static optimum approximates).
-* Draft models: chains of ``k`` tokens; ``E = sum_{d<=k} reach[d]`` from a chain calibration at the largest ``k``
-  (exact for greedy decoding).
-* Other kinds: the head family's own search, registered as hooks (:data:`SEARCH_HOOKS`; DFlash's chains and
-  per-slot trees, :mod:`specgraft.heads.dflash.tune`); this module ranks, confirms and records them alike.
+Candidates and their predicted acceptance are each head family's own search, registered as hooks
+(:data:`SEARCH_HOOKS`): Medusa's static trees (:mod:`specgraft.heads.medusa.tune`), EAGLE / EAGLE-3's chains and
+dynamic trees (:mod:`specgraft.heads.eagle.tune`), DFlash's chains and per-slot trees
+(:mod:`specgraft.heads.dflash.tune`). Draft models are searched here: chains of ``k`` tokens,
+``E = sum_{d<=k} reach[d]`` from a chain calibration at the largest ``k`` (exact for greedy decoding). This module
+ranks, confirms and records them all alike.
 """
 
 from __future__ import annotations
@@ -35,30 +29,26 @@ from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError
-from specgraft.eval.acceptance import optimal_tree, rank_probabilities, reach_rates, tree_value
+from specgraft.eval.acceptance import reach_rates
 from specgraft.eval.cost import CostProfile, check_fits, check_profile
 from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kernel
+from specgraft.eval.search import MAX_TREE_TOKENS, section_table
 from specgraft.utils.io import atomic_write_json, read_json_meta
 
 logger = logging.getLogger(__name__)
 
 TUNED_NAME = "tuned.json"
 TUNED_VERSION = 1
-#: Largest tree (tokens verified, root included) the tuner considers.
-MAX_TREE_TOKENS = 64
 #: Depth of the chain calibration run of a draft model (every shorter chain is predicted exactly from it).
 DRAFT_CALIBRATION_K = 8
 #: Candidates listed in tuned.json and printed.
 TOP_CANDIDATES = 8
-#: Default settings (what `specgraft eval` uses without flags or tuned.json).
-DEFAULTS = {"medusa": {"mode": "tree", "tree_size": 64}, "eagle": {"mode": "tree", "top_k": 10, "depth": 6,
-                                                                     "total_tokens": 60},
-            "draft_model": {"mode": "chain", "k": 4}}
+#: A draft model's default setting (what `specgraft eval` uses without flags or tuned.json; a head family's is its
+#: ``default_setting`` hook).
+DRAFT_MODEL_DEFAULT = {"mode": "chain", "k": 4}
 #: Fields a calibration report must have.
 CALIBRATION_FIELDS = ("steps", "depth_accepted")
-#: The tuning kinds this module searches itself; any other kind is a head family's own search (its hooks).
-BUILTIN_KINDS = ("medusa", "eagle", "draft_model")
-#: The hooks a family's own search registers (see :class:`specgraft.heads.registry.HeadFamily`).
+#: The hooks a head family's search registers (see :class:`specgraft.heads.registry.HeadFamily`).
 SEARCH_HOOKS = ("default_setting", "tune_candidates", "tune_predict", "setting_label", "same_setting")
 
 
@@ -81,9 +71,8 @@ class Candidate:
 
 
 def kind_of(head_type: str) -> str:
-    """How a drafter is tuned: ``draft_model``, or the head family's registered tuning strategy (``medusa``: a
-    static tree from per-depth top-k accuracies; ``eagle``: a dynamic tree, EAGLE-1/2 and EAGLE-3 alike; any other
-    kind is the family's own search through its hooks, e.g. ``dflash``)."""
+    """How a drafter is tuned: ``draft_model`` (searched here), or the tuned.json kind of the head family's own
+    search (its hooks: ``medusa``, ``eagle`` for EAGLE-1/2 and EAGLE-3 alike, ``dflash``)."""
     if head_type == "draft_model":
         return head_type
     from specgraft.heads.registry import get_family
@@ -138,99 +127,10 @@ def step_overhead(measured: dict[str, Any], predicted: Candidate, plain_step_s: 
     return max(0.0, tau / rate / drift - predicted.draft_s - predicted.step_s)
 
 
-def _is_chain(paths: Sequence[Sequence[int]]) -> bool:
-    return all(all(r == 0 for r in p) for p in paths) and len({len(p) for p in paths}) == len(paths)
-
-
-def medusa_call_cost(per_call: dict[str, Any], depth: int, nodes: int) -> float:
-    """A Medusa call with ``depth`` heads and ``nodes`` tree nodes, linear in the nodes between measurements."""
-    table = per_call.get(str(depth))
-    if not isinstance(table, dict) or not table:
-        raise SpecgraftError(f"the cost profile has no Medusa cost for {depth} heads; re-run `specgraft profile` "
-                             "with this version")
-    points = sorted((int(n), float(s)) for n, s in table.items())
-    if nodes <= points[0][0]:
-        return points[0][1]
-    if nodes >= points[-1][0]:
-        return points[-1][1]
-    for (n0, s0), (n1, s1) in zip(points, points[1:]):
-        if n0 <= nodes <= n1:
-            return s0 + (s1 - s0) * (nodes - n0) / (n1 - n0)
-    raise AssertionError("unreachable: nodes lies between the measured points")
-
-
-def _table(section: dict[str, Any], name: str) -> dict[str, float]:
-    table = section.get(name)
-    if not table:
-        raise SpecgraftError(f"the cost profile's {section.get('kind')} drafter has no {name!r} table; re-run "
-                             "`specgraft profile` with this version")
-    return {str(k): float(v) for k, v in table.items()}
-
-
-# -- candidates --------------------------------------------------------------------------------------------------
-def _max_tokens(profile: CostProfile, limit: int) -> int:
-    """The largest verification the profile measured (trees are not extrapolated), at most ``limit``."""
-    return min(limit, max(profile.step_s["chain"]), max(profile.step_s.get("tree") or {0: 0}) or limit)
-
-
-def medusa_candidates(profile: CostProfile, drafter: dict[str, Any], probs: Sequence[Sequence[float]],
-                      max_tokens: int = MAX_TREE_TOKENS) -> list[Candidate]:
-    """Every (depth, size) Medusa tree, each the DP optimum for its size and depth."""
-    per_call = drafter.get("per_call_s") or {}
-    max_tokens = _max_tokens(profile, max_tokens)
-    out = []
-    for depth in range(1, len(probs) + 1):
-        if str(depth) not in per_call:
-            continue
-        for nodes in range(1, max_tokens):
-            value, paths = optimal_tree(probs, nodes, max_depth=depth)
-            if len(paths) < nodes or not paths or max(len(p) for p in paths) < depth:
-                continue  # the same tree as a smaller size or depth: already listed
-            chain = _is_chain(paths)
-            setting = {"mode": "chain" if chain else "tree", "depth": depth, "tree_size": nodes + 1,
-                       "paths": [list(p) for p in paths]}
-            out.append(finish_candidate(Candidate(setting, value, medusa_call_cost(per_call, depth, nodes),
-                                                  profile.step_cost(nodes + 1, tree=not chain)), profile.plain_step_s))
-    return out
-
-
-def eagle_candidates(profile: CostProfile, drafter: dict[str, Any], probs: Sequence[Sequence[float]],
-                     max_tokens: int = MAX_TREE_TOKENS) -> list[Candidate]:
-    """EAGLE chains by depth and dynamic trees by (top-k, depth, total tokens)."""
-    chain_s, tree_s = _table(drafter, "chain_s"), _table(drafter, "tree_s")
-    max_tokens = _max_tokens(profile, max_tokens)
-    out = []
-    reach, value = [], 1.0
-    for d, row in enumerate(probs, start=1):
-        value *= row[0] if row else 0.0
-        reach.append(value)
-        if str(d) in chain_s and d + 1 <= max(profile.step_s["chain"]):
-            out.append(finish_candidate(Candidate({"mode": "chain", "depth": d}, sum(reach), chain_s[str(d)],
-                                                  profile.step_cost(d + 1, tree=False)), profile.plain_step_s))
-    measured_counts = sorted(profile.step_s.get("tree") or {})
-    for key, draft in tree_s.items():
-        top_k, depth = (int(x) for x in key.split(","))
-        if depth > len(probs):
-            continue
-        for total in measured_counts:
-            if total < 3 or total > max_tokens:
-                continue
-            # An EAGLE-2 tree of depth D and width k has at most k + (D - 1) k^2 candidates to keep.
-            if total - 1 > top_k + (depth - 1) * top_k * top_k:
-                continue
-            value, paths = optimal_tree(probs, total - 1, max_depth=depth, max_rank=top_k)
-            if not paths or max(len(p) for p in paths) < depth:
-                continue
-            setting = {"mode": "tree", "top_k": top_k, "depth": depth, "total_tokens": total}
-            out.append(finish_candidate(Candidate(setting, value, draft, profile.step_cost(total, tree=True)),
-                                        profile.plain_step_s))
-    return out
-
-
 def draft_model_cost(drafter: dict[str, Any], k: int, expected_accepted: float) -> float:
     """A draft-model step: the profile's k-token chain (one-token catch-up) plus catching up on the expected
     accepted tokens and the bonus instead of one (when the profile measured catch-up costs)."""
-    draft = _table(drafter, "chain_s")[str(k)]
+    draft = section_table(drafter, "chain_s")[str(k)]
     catchup = {int(c): float(s) for c, s in (drafter.get("catchup_s") or {}).items()}
     if catchup:
         tokens = min(max(catchup), max(1.0, 1.0 + expected_accepted))
@@ -243,7 +143,7 @@ def draft_model_cost(drafter: dict[str, Any], k: int, expected_accepted: float) 
 
 def draft_model_candidates(profile: CostProfile, drafter: dict[str, Any], reach: Sequence[float]) -> list[Candidate]:
     """Chains of k draft tokens (greedy: exact expected acceptance from a longer chain's reach rates)."""
-    chain_s = _table(drafter, "chain_s")
+    chain_s = section_table(drafter, "chain_s")
     out = []
     for key in sorted(chain_s, key=int):
         k = int(key)
@@ -306,6 +206,11 @@ def candidates_for(kind: str, profile: CostProfile, drafter_costs: dict[str, Any
                           for c in _raw_candidates(kind, profile, drafter_costs, calibration, prior)])
 
 
+def _with_prior(calibration: dict[str, Any], prior: Sequence[Sequence[float]] | None) -> dict[str, Any]:
+    """The calibration numbers a family's search reads, with the family's prior for cells never tried."""
+    return {**calibration, "prior": prior} if prior is not None else calibration
+
+
 def _raw_candidates(kind: str, profile: CostProfile, drafter_costs: dict[str, Any], calibration: dict[str, Any],
                     prior: Sequence[Sequence[float]] | None) -> list[Candidate]:
     if kind == "draft_model":
@@ -313,80 +218,33 @@ def _raw_candidates(kind: str, profile: CostProfile, drafter_costs: dict[str, An
             raise SpecgraftError("tuning a draft model needs a chain calibration run (its reach rates predict every "
                                  "shorter chain); calibrate with --mode chain")
         return draft_model_candidates(profile, drafter_costs, calibration["reach"])
-    if kind not in BUILTIN_KINDS:
-        predictions = family_search(kind)["tune_candidates"](profile, drafter_costs, calibration)
-        return [Candidate(**p) for p in predictions]  # finished (speed, overhead) by candidates_for
-    if not calibration.get("statistics"):
-        raise SpecgraftError("the calibration report has no acceptance_statistics (per depth and rank); re-run "
-                             "`specgraft eval` with this version for the head")
-    probs = rank_probabilities(calibration["statistics"], prior=prior)
-    if kind == "medusa":
-        return medusa_candidates(profile, drafter_costs, probs)
-    return eagle_candidates(profile, drafter_costs, probs)
+    predictions = family_search(kind)["tune_candidates"](profile, drafter_costs, _with_prior(calibration, prior))
+    return [Candidate(**p) for p in predictions]  # finished (speed, overhead) by candidates_for
 
 
 def predict_setting(kind: str, setting: dict[str, Any], profile: CostProfile, drafter_costs: dict[str, Any],
                     calibration: dict[str, Any], prior: Sequence[Sequence[float]] | None = None) -> Candidate:
     """The prediction for one given setting (e.g. the default) with the same model as the candidates (charged the
-    calibration's ``step_overhead_s`` too).
-
-    Medusa settings need ``paths`` (the tree); EAGLE trees are predicted as the optimal static tree of their
-    size, depth and width, EAGLE chains from the rank-0 rates, draft-model chains from the reach rates."""
-    return finish_candidate(_predict_raw(kind, setting, profile, drafter_costs, calibration, prior),
-                            profile.plain_step_s, float(calibration.get("step_overhead_s") or 0.0))
-
-
-def _predict_raw(kind: str, setting: dict[str, Any], profile: CostProfile, drafter_costs: dict[str, Any],
-                 calibration: dict[str, Any], prior: Sequence[Sequence[float]] | None) -> Candidate:
-    plain = profile.plain_step_s
+    calibration's ``step_overhead_s`` too): a head family's ``tune_predict`` hook (Medusa settings need ``paths``,
+    the tree), draft-model chains from the reach rates."""
     if kind == "draft_model":
         k = int(setting["k"])
         if k > len(calibration["reach"]):
             raise SpecgraftError(f"the calibration chain reached depth {len(calibration['reach'])}; it cannot "
                                  f"predict k={k}")
         accepted = float(sum(calibration["reach"][:k]))
-        return finish_candidate(Candidate(dict(setting), accepted, draft_model_cost(drafter_costs, k, accepted),
-                                          profile.step_cost(k + 1, tree=False)), plain)
-    if kind not in BUILTIN_KINDS:
-        prediction = family_search(kind)["tune_predict"](setting, profile, drafter_costs, calibration)
-        return finish_candidate(Candidate(**prediction), plain)
-    if not calibration.get("statistics"):
-        raise SpecgraftError("the calibration report has no acceptance_statistics (per depth and rank); re-run "
-                             "`specgraft eval` with this version for the head")
-    probs = rank_probabilities(calibration["statistics"], prior=prior)
-    if kind == "medusa":
-        paths = [tuple(p) for p in setting["paths"]]
-        depth = max(len(p) for p in paths)
-        per_call = drafter_costs.get("per_call_s") or {}
-        draft = medusa_call_cost(per_call, depth, len(paths))
-        return finish_candidate(Candidate(dict(setting), tree_value(paths, probs), draft,
-                                          profile.step_cost(len(paths) + 1, tree=not _is_chain(paths))), plain)
-    depth = int(setting["depth"])
-    if setting.get("mode") == "chain":
-        value, reach = 1.0, 0.0
-        for row in probs[:depth]:
-            value *= row[0] if row else 0.0
-            reach += value
-        return finish_candidate(Candidate(dict(setting), reach, _table(drafter_costs, "chain_s")[str(depth)],
-                                          profile.step_cost(depth + 1, tree=False)), plain)
-    top_k, total = int(setting["top_k"]), int(setting["total_tokens"])
-    tree_s = _table(drafter_costs, "tree_s")
-    key = f"{top_k},{depth}"
-    if key not in tree_s:
-        raise SpecgraftError(f"the cost profile has no EAGLE tree cost for top-k {top_k}, depth {depth}; re-run "
-                             "`specgraft profile` for this head")
-    value, _ = optimal_tree(probs, total - 1, max_depth=depth, max_rank=top_k)
-    return finish_candidate(Candidate(dict(setting), value, tree_s[key], profile.step_cost(total, tree=True)), plain)
+        candidate = Candidate(dict(setting), accepted, draft_model_cost(drafter_costs, k, accepted),
+                              profile.step_cost(k + 1, tree=False))
+    else:
+        candidate = Candidate(**family_search(kind)["tune_predict"](setting, profile, drafter_costs,
+                                                                    _with_prior(calibration, prior)))
+    return finish_candidate(candidate, profile.plain_step_s, float(calibration.get("step_overhead_s") or 0.0))
 
 
 def same_setting(kind: str, a: dict[str, Any], b: dict[str, Any]) -> bool:
-    if kind not in BUILTIN_KINDS:
-        return bool(family_search(kind)["same_setting"](a, b))
-    keys = {"medusa": ("mode", "tree_size", "depth"), "eagle": ("mode", "depth", "top_k", "total_tokens"),
-            "draft_model": ("mode", "k")}[kind]
-    if kind == "eagle" and a.get("mode") == "chain" == b.get("mode"):
-        keys = ("mode", "depth")
-    return all(a.get(k) == b.get(k) for k in keys)
+    if kind == "draft_model":
+        return all(a.get(k) == b.get(k) for k in ("mode", "k"))
+    return bool(family_search(kind)["same_setting"](a, b))
 
 
 # -- tuned.json ----------------------------------------------------------------------------------------------------
@@ -455,15 +313,9 @@ def drafter_for(kind: str, head_or_draft: Any, setting: dict[str, Any]) -> Any:
 
 
 def setting_label(kind: str, setting: dict[str, Any]) -> str:
-    if kind not in BUILTIN_KINDS:
-        return str(family_search(kind)["setting_label"](setting))
-    if kind == "medusa":
-        return f"{setting.get('mode')} of {setting.get('tree_size')} tokens, depth {setting.get('depth')}"
-    if kind == "eagle":
-        if setting.get("mode") == "chain":
-            return f"chain of depth {setting['depth']}"
-        return f"tree top-k {setting['top_k']}, depth {setting['depth']}, {setting['total_tokens']} tokens"
-    return f"chain of k={setting['k']}"
+    if kind == "draft_model":
+        return f"chain of k={setting['k']}"
+    return str(family_search(kind)["setting_label"](setting))
 
 
 def drafter_info(kind: str, head_type: str, path: str, setting: dict[str, Any], source: str) -> dict[str, Any]:
@@ -472,7 +324,7 @@ def drafter_info(kind: str, head_type: str, path: str, setting: dict[str, Any], 
     for key in ("k", "depth", "top_k", "total_tokens", "tree_size"):
         if key in setting:
             info[key] = setting[key]
-    if kind == "medusa" and "paths" in setting:
+    if "paths" in setting:  # a static tree (Medusa): eval's k is its depth
         info["k"] = setting["depth"]
     return info
 
@@ -494,13 +346,10 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
     warnings = check_profile(profile, target.identity.to_dict(), str(target.device), linear_kernel=linear_kernel)
     for message in warnings:
         logger.warning("%s", message)
-    default_setting = dict(DEFAULTS.get(kind, {}))
+    default_setting = dict(DRAFT_MODEL_DEFAULT)
     hooks: Mapping[str, Callable[..., Any]] = {}
     if kind != "draft_model":
-        from specgraft.heads.registry import family_of
-
-        hooks = family_of(drafter_source).hooks
-    if "default_setting" in hooks:
+        hooks = family_search(kind)
         # The family's untuned setting as it drafts it (Medusa: the tree built from the head's stored accuracies).
         default_setting = hooks["default_setting"](drafter_source)
     if calibration is None:
@@ -579,18 +428,11 @@ def _profile_label(profile: CostProfile, kind: str, source_dir: Path) -> str:
 def is_default_run(kind: str, report: dict[str, Any], source: Any = None) -> bool:
     """Whether an eval report was measured at the drafter's default setting (then it doubles as the default's
     confirming measurement); ``source``: the head, for a family's own search."""
-    if kind not in BUILTIN_KINDS:
-        hook = family_search(kind).get("is_default_run")
-        return bool(hook(report, source)) if hook is not None else False
-    drafter = report.get("drafter") or {}
-    default = DEFAULTS[kind]
-    if kind == "medusa":
-        return drafter.get("mode") == "tree" and drafter.get("tree_size") == default["tree_size"]
-    if kind == "eagle":
-        return (drafter.get("mode") == "tree" and drafter.get("top_k") == default["top_k"]
-                and drafter.get("k", drafter.get("depth")) == default["depth"]
-                and drafter.get("tree_size", drafter.get("total_tokens")) == default["total_tokens"])
-    return drafter.get("mode") == "chain" and drafter.get("k") == default["k"]
+    if kind == "draft_model":
+        drafter = report.get("drafter") or {}
+        return drafter.get("mode") == "chain" and drafter.get("k") == DRAFT_MODEL_DEFAULT["k"]
+    hook = family_search(kind).get("is_default_run")
+    return bool(hook(report, source)) if hook is not None else False
 
 
 def default_kv_length(prompt_lengths: Sequence[int], max_new_tokens: int) -> int:

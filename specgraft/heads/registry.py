@@ -28,10 +28,10 @@ if TYPE_CHECKING:  # annotations only
     from specgraft.eval.drafter import Drafter
     from specgraft.heads.base import DraftHead
 
-#: How ``specgraft tune`` searches a family's drafting settings (the tuned.json ``kind``): a static tree built from
-#: per-depth top-k accuracies ("medusa"), a dynamic top-k tree expanded by the draft's own probabilities
-#: ("eagle"), or any other name for the family's own search through its ``tune_*`` hooks (DFlash: "dflash").
-#: None: the family is not tunable (eval uses its defaults / flags).
+#: The tuned.json ``kind`` of a family's `specgraft tune` search, which the family registers as ``tune_*`` hooks in
+#: its own ``tune.py`` (Medusa: "medusa", static trees; EAGLE-1/2 and EAGLE-3 share "eagle", chains and dynamic
+#: trees; DFlash: "dflash", chains and per-slot trees). None: the family is not tunable (eval uses its defaults /
+#: flags).
 Tuning = Literal["medusa", "eagle"] | str | None
 
 #: Built-in families, imported on the first lookup.
@@ -118,10 +118,10 @@ class HeadFamily:
     fmt, engines)`` (a tuned setting into an engine config), ``profile_drafter(head, timed) -> dict`` (the
     family's cost-profile section; ``timed(drafter)`` times one propose call).
 
-    A family with its own search (``tuning`` not "medusa"/"eagle") also registers ``tune_candidates(profile,
+    A tunable family (``tuning`` set) also registers ``profile_drafter`` and ``tune_candidates(profile,
     costs, calibration) -> [prediction]`` and ``tune_predict(setting, profile, costs, calibration) ->
     prediction`` (a prediction: a dict of ``setting``, ``expected_accepted``, ``draft_s``, ``step_s``),
-    ``setting_label(setting) -> str``, ``same_setting(a, b) -> bool`` and optionally
+    ``default_setting``, ``setting_label(setting) -> str``, ``same_setting(a, b) -> bool`` and optionally
     ``calibration_setting(head) -> dict`` (the calibration eval's setting, default: the default setting) and
     ``is_default_run(report, head) -> bool`` (see :mod:`specgraft.eval.tune`)."""
 

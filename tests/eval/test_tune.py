@@ -65,7 +65,7 @@ def test_cost_profile_with_missing_fields_is_one_error(tmp_path):
 
 
 def test_step_curves_are_made_monotone():
-    from specgraft.eval.cost import monotone
+    from specgraft.eval.search import monotone
 
     assert monotone({1: 1.0, 2: 1.6, 4: 1.2, 8: 2.0}) == pytest.approx({1: 1.0, 2: 1.4, 4: 1.4, 8: 2.0})
     assert monotone({1: 1.0, 3: 2.0}) == {1: 1.0, 3: 2.0}

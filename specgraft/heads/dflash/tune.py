@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from specgraft.errors import SpecgraftError
-from specgraft.eval.acceptance import rank_probabilities, tree_value
+from specgraft.eval.acceptance import calibration_probabilities, tree_value
 from specgraft.heads.dflash.drafter import DFlashDrafter
 from specgraft.heads.dflash.model import DFlashHead
 
@@ -88,13 +88,6 @@ def _section(costs: Mapping[str, Any]) -> tuple[int, float, dict[int, float]]:
     return slots, chain, trees
 
 
-def _probs(calibration: Mapping[str, Any]) -> list[list[float]]:
-    if not calibration.get("statistics"):
-        raise SpecgraftError("the calibration report has no acceptance_statistics (per depth and rank); re-run "
-                             "`specgraft eval` with this version for the DFlash head")
-    return rank_probabilities(calibration["statistics"])
-
-
 def _candidate(setting: dict[str, Any], probs: list[list[float]], profile: CostProfile,
                draft_s: float) -> Prediction:
     depth = int(setting["depth"])
@@ -108,7 +101,7 @@ def candidates(profile: CostProfile, costs: Mapping[str, Any], calibration: Mapp
     """Every chain depth ``1 .. block_size - 1`` and every profiled tree width at every depth, within the token
     counts the profile measured (unranked: the tuner computes tokens/s and orders them)."""
     slots, chain_s, tree_s = _section(costs)
-    probs = _probs(calibration)
+    probs = calibration_probabilities(calibration)
     widths = [len(row) for row in probs]
     max_chain = max(profile.step_s["chain"])
     max_tree = max(profile.step_s.get("tree") or {0: 0})
@@ -135,8 +128,8 @@ def predict(setting: Mapping[str, Any], profile: CostProfile, costs: Mapping[str
         if full["top_k"] not in tree_s:
             raise SpecgraftError(f"the cost profile has no DFlash tree cost for top-k {full['top_k']} (it has "
                                  f"{sorted(tree_s)}); re-run `specgraft profile` for this head")
-        return _candidate(full, _probs(calibration), profile, tree_s[full["top_k"]])
-    return _candidate(full, _probs(calibration), profile, chain_s)
+        return _candidate(full, calibration_probabilities(calibration), profile, tree_s[full["top_k"]])
+    return _candidate(full, calibration_probabilities(calibration), profile, chain_s)
 
 
 def setting_label(setting: Mapping[str, Any]) -> str:

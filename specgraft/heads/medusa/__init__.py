@@ -2,10 +2,11 @@
 
 Files: ``config.py`` (:class:`MedusaConfig`), ``model.py`` (:class:`MedusaHead` and its loss), ``drafter.py``
 (the static tree drafter, top-k accuracy measurement), ``medusa2.py`` (the joint LoRA training step),
-``export.py`` (vLLM / TensorRT-LLM layouts, card text). This file registers the family.
+``export.py`` (vLLM / TensorRT-LLM layouts, card text), ``tune.py`` (the static-tree search of `specgraft tune`).
+This file registers the family.
 """
 
-from specgraft.heads.medusa import drafter, export, medusa2
+from specgraft.heads.medusa import drafter, export, medusa2, tune
 from specgraft.heads.medusa.config import MedusaConfig
 from specgraft.heads.medusa.model import MedusaHead
 from specgraft.heads.registry import register_head
@@ -15,8 +16,7 @@ register_head(
     setting_from_flags=drafter.setting_from_flags, describe_drafter=drafter.describe_drafter,
     exporters=export.EXPORTERS, card=export.CARD, tuning="medusa",
     description="Medusa heads (static tree from per-head top-k accuracies)",
-    hooks={"apply_tuned": export.apply_tuned, "default_setting": drafter.default_setting,
-           "tuning_prior": drafter.tuning_prior,
+    hooks={**tune.HOOKS, "apply_tuned": export.apply_tuned, "tuning_prior": drafter.tuning_prior,
            "static_tree": drafter.build_sparse_tree, "lora_step": medusa2.lora_step,
            "train_metrics": drafter.train_metrics},
 )

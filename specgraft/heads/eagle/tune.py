@@ -1,0 +1,142 @@
+"""EAGLE-1/2 and EAGLE-3's `specgraft tune` search: which chain depth or dynamic tree is fastest on this device.
+
+A step drafts ``depth`` sequential draft forwards (a chain: one token each; an EAGLE-2 tree: ``top_k`` children
+per expanded node, reranked to ``total_tokens``) and verifies them. Candidates:
+
+* chains of depth ``D``: ``E[accepted] = sum_d prod_{j<=d} p[j][0]``;
+* dynamic trees (top-k ``k``, depth ``D``, ``T`` tokens), predicted as the optimal static tree with ranks ``< k``,
+  depth ``<= D`` and ``T - 1`` nodes (the dynamic tree picks its nodes by draft confidence, which the static
+  optimum approximates).
+
+``p[d][r]`` comes from the per-(depth, rank) statistics of a calibration eval at the default tree; the tuner
+(:mod:`specgraft.eval.tune`) ranks, confirms and records the predictions.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from specgraft.errors import SpecgraftError
+from specgraft.eval.acceptance import calibration_probabilities, optimal_tree
+from specgraft.eval.search import max_verified_tokens, monotone, section_table
+from specgraft.heads.eagle.drafter import EagleDrafter, drafter_from_setting
+
+if TYPE_CHECKING:  # annotations only: the tuner passes the profile in
+    from specgraft.eval.cost import CostProfile
+    from specgraft.heads.eagle.model import EagleHeadBase
+
+#: A predicted setting as the tuner takes it: ``setting``, ``expected_accepted``, ``draft_s``, ``step_s``.
+Prediction = dict[str, Any]
+
+#: Draft depths and tree widths whose propose call ``specgraft profile`` times.
+PROFILED_DEPTHS = (1, 2, 3, 4, 5, 6)
+PROFILED_TOP_KS = (2, 3, 4, 6, 8, 10)
+
+
+def default_setting(head: EagleHeadBase) -> dict[str, Any]:
+    """What an untuned ``specgraft eval`` drafts: :class:`EagleDrafter`'s own defaults (the GPU-sized tree)."""
+    params = inspect.signature(EagleDrafter.__init__).parameters
+    return {key: params[key].default for key in ("mode", "top_k", "depth", "total_tokens")}
+
+
+def profile_drafter(head: EagleHeadBase, timed: Callable[[Any], float]) -> dict[str, Any]:
+    """The cost profile's section: one propose call per chain depth and per (top-k, depth) tree; ``timed(drafter)``
+    is the profile's timer."""
+    chain = {d: timed(drafter_from_setting(head, {"mode": "chain", "depth": d})) for d in PROFILED_DEPTHS}
+    tree: dict[tuple[int, int], float] = {}
+    for k in PROFILED_TOP_KS:
+        for d in PROFILED_DEPTHS:
+            total = 1 + k * d  # about the nodes an EAGLE-2 tree of this width and depth keeps
+            tree[k, d] = timed(drafter_from_setting(head, {"mode": "tree", "top_k": k, "depth": d,
+                                                           "total_tokens": total}))
+    # Drafting deeper or wider never costs less: smooth timing noise along depth, then along width.
+    chain = monotone(chain)
+    for k in PROFILED_TOP_KS:
+        tree.update({(k, d): v for d, v in monotone({d: tree[k, d] for d in PROFILED_DEPTHS}).items()})
+    for d in PROFILED_DEPTHS:
+        tree.update({(k, d): v for k, v in monotone({k: tree[k, d] for k in PROFILED_TOP_KS}).items()})
+    return {"kind": head.head_type, "chain_s": {str(d): v for d, v in chain.items()},
+            "tree_s": {f"{k},{d}": v for (k, d), v in tree.items()}}
+
+
+def _chain(depth: int, probs: list[list[float]], profile: CostProfile, draft_s: float) -> Prediction:
+    value, reach = 1.0, 0.0
+    for row in probs[:depth]:
+        value *= row[0] if row else 0.0
+        reach += value
+    return {"setting": {"mode": "chain", "depth": depth}, "expected_accepted": reach, "draft_s": draft_s,
+            "step_s": profile.step_cost(depth + 1, tree=False)}
+
+
+def _tree(setting: dict[str, Any], probs: list[list[float]], profile: CostProfile,
+          draft_s: float) -> tuple[Prediction, list[tuple[int, ...]]]:
+    top_k, depth, total = int(setting["top_k"]), int(setting["depth"]), int(setting["total_tokens"])
+    value, paths = optimal_tree(probs, total - 1, max_depth=depth, max_rank=top_k)
+    return {"setting": setting, "expected_accepted": value, "draft_s": draft_s,
+            "step_s": profile.step_cost(total, tree=True)}, paths
+
+
+def candidates(profile: CostProfile, costs: Mapping[str, Any], calibration: Mapping[str, Any]) -> list[Prediction]:
+    """Chains by depth and dynamic trees by (top-k, depth, total tokens) within the token counts the profile
+    measured (unranked: the tuner computes tokens/s and orders them)."""
+    probs = calibration_probabilities(calibration)
+    chain_s, tree_s = section_table(costs, "chain_s"), section_table(costs, "tree_s")
+    limit = max_verified_tokens(profile)
+    out = [_chain(d, probs, profile, chain_s[str(d)]) for d in range(1, len(probs) + 1)
+           if str(d) in chain_s and d + 1 <= max(profile.step_s["chain"])]
+    for key, draft_s in tree_s.items():
+        top_k, depth = (int(x) for x in key.split(","))
+        if depth > len(probs):
+            continue
+        for total in sorted(profile.step_s.get("tree") or {}):
+            # An EAGLE-2 tree of depth D and width k has at most k + (D - 1) k^2 candidates to keep.
+            if total < 3 or total > limit or total - 1 > top_k + (depth - 1) * top_k * top_k:
+                continue
+            prediction, paths = _tree({"mode": "tree", "top_k": top_k, "depth": depth, "total_tokens": total},
+                                      probs, profile, draft_s)
+            if paths and max(len(p) for p in paths) >= depth:  # else: the same tree as a shallower setting
+                out.append(prediction)
+    return out
+
+
+def predict(setting: Mapping[str, Any], profile: CostProfile, costs: Mapping[str, Any],
+            calibration: Mapping[str, Any]) -> Prediction:
+    """The prediction for one chain or tree setting (e.g. the default)."""
+    probs = calibration_probabilities(calibration)
+    depth = int(setting["depth"])
+    if setting.get("mode") == "chain":
+        return _chain(depth, probs, profile, section_table(costs, "chain_s")[str(depth)])
+    key = f"{int(setting['top_k'])},{depth}"
+    tree_s = section_table(costs, "tree_s")
+    if key not in tree_s:
+        raise SpecgraftError(f"the cost profile has no EAGLE tree cost for top-k {setting['top_k']}, depth {depth}; "
+                             "re-run `specgraft profile` for this head")
+    return _tree(dict(setting), probs, profile, tree_s[key])[0]
+
+
+def setting_label(setting: Mapping[str, Any]) -> str:
+    if setting.get("mode") == "chain":
+        return f"chain of depth {setting['depth']}"
+    return f"tree top-k {setting['top_k']}, depth {setting['depth']}, {setting['total_tokens']} tokens"
+
+
+def same_setting(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    keys = ("mode", "depth") if a.get("mode") == "chain" == b.get("mode") else ("mode", "depth", "top_k",
+                                                                                 "total_tokens")
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
+def is_default_run(report: Mapping[str, Any], head: EagleHeadBase) -> bool:
+    """Whether an eval report was drafted at the untuned tree."""
+    drafter, default = report.get("drafter") or {}, default_setting(head)
+    return (drafter.get("mode") == "tree" and drafter.get("top_k") == default["top_k"]
+            and drafter.get("k", drafter.get("depth")) == default["depth"]
+            and drafter.get("tree_size", drafter.get("total_tokens")) == default["total_tokens"])
+
+
+#: The registry hooks of this search (EAGLE-1/2 and EAGLE-3 alike; see :mod:`specgraft.heads.registry`).
+HOOKS = {"default_setting": default_setting, "profile_drafter": profile_drafter, "tune_candidates": candidates,
+         "tune_predict": predict, "setting_label": setting_label, "same_setting": same_setting,
+         "is_default_run": is_default_run}

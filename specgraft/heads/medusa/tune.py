@@ -1,0 +1,129 @@
+"""Medusa's `specgraft tune` search: which static tree (size, shape, number of heads) is fastest on this device.
+
+A Medusa step costs one call of the ``depth`` heads used (filling every tree node) plus verifying the tree. The
+candidates are, for every depth and node count, the optimal static tree of the dynamic program
+:func:`~specgraft.eval.acceptance.optimal_tree` over the per-(depth, rank) acceptance of a calibration eval (the
+head's stored top-k accuracies where a cell was never tried: the ``tuning_prior`` hook). The tuner
+(:mod:`specgraft.eval.tune`) turns these predictions into ranked candidates, confirms and records them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from specgraft.errors import SpecgraftError
+from specgraft.eval.acceptance import calibration_probabilities, optimal_tree, tree_value
+from specgraft.eval.search import max_verified_tokens
+from specgraft.heads.medusa.drafter import (
+    build_sparse_tree,
+    default_setting,
+    drafter_from_setting,
+    head_topk_accuracy,
+)
+
+if TYPE_CHECKING:  # annotations only: the tuner passes the profile in
+    from specgraft.eval.cost import CostProfile
+    from specgraft.heads.medusa.model import MedusaHead
+
+#: A predicted setting as the tuner takes it: ``setting``, ``expected_accepted``, ``draft_s``, ``step_s``.
+Prediction = dict[str, Any]
+
+#: Heads (depths) and tree node counts whose call ``specgraft profile`` times; the cost between node counts is
+#: interpolated linearly.
+PROFILED_MAX_HEADS = 8
+PROFILED_NODES = (1, 3, 7, 15, 31, 63)
+
+
+def profile_drafter(head: MedusaHead, timed: Callable[[Any], float]) -> dict[str, Any]:
+    """The cost profile's section: one call runs ``h`` heads and fills (and reports q for) the tree's nodes, so the
+    cost goes by heads and nodes; ``timed(drafter)`` is the profile's timer."""
+    accuracy = head_topk_accuracy(head).tolist()
+    per_call: dict[str, dict[str, float]] = {}
+    for h in range(1, min(len(accuracy), PROFILED_MAX_HEADS) + 1):
+        per_call[str(h)] = {}
+        for nodes in PROFILED_NODES:
+            tree = build_sparse_tree(accuracy, nodes, max_depth=h)
+            if tree.depth == h and tree.size == nodes:
+                per_call[str(h)][str(nodes)] = timed(drafter_from_setting(head, {"paths": tree.paths}))
+    return {"kind": "medusa", "num_heads": len(accuracy), "per_call_s": per_call}
+
+
+def call_cost(per_call: Mapping[str, Any], depth: int, nodes: int) -> float:
+    """A Medusa call with ``depth`` heads and ``nodes`` tree nodes, linear in the nodes between measurements."""
+    table = per_call.get(str(depth))
+    if not isinstance(table, dict) or not table:
+        raise SpecgraftError(f"the cost profile has no Medusa cost for {depth} heads; re-run `specgraft profile` "
+                             "with this version")
+    points = sorted((int(n), float(s)) for n, s in table.items())
+    if nodes <= points[0][0]:
+        return points[0][1]
+    if nodes >= points[-1][0]:
+        return points[-1][1]
+    for (n0, s0), (n1, s1) in zip(points, points[1:]):
+        if n0 <= nodes <= n1:
+            return s0 + (s1 - s0) * (nodes - n0) / (n1 - n0)
+    raise AssertionError("unreachable: nodes lies between the measured points")
+
+
+def is_chain(paths: list[tuple[int, ...]]) -> bool:
+    """Whether a static tree is a chain (rank-0 nodes, one per depth): verified with a causal forward."""
+    return all(all(r == 0 for r in p) for p in paths) and len({len(p) for p in paths}) == len(paths)
+
+
+def _prediction(setting: dict[str, Any], paths: list[tuple[int, ...]], value: float, profile: CostProfile,
+                per_call: Mapping[str, Any]) -> Prediction:
+    depth = max(len(p) for p in paths)
+    return {"setting": setting, "expected_accepted": value, "draft_s": call_cost(per_call, depth, len(paths)),
+            "step_s": profile.step_cost(len(paths) + 1, tree=not is_chain(paths))}
+
+
+def candidates(profile: CostProfile, costs: Mapping[str, Any], calibration: Mapping[str, Any]) -> list[Prediction]:
+    """Every (depth, size) tree within the token counts the profile measured, each the DP optimum for its size and
+    depth (unranked: the tuner computes tokens/s and orders them)."""
+    probs = calibration_probabilities(calibration)
+    per_call = costs.get("per_call_s") or {}
+    limit = max_verified_tokens(profile)
+    out = []
+    for depth in range(1, len(probs) + 1):
+        if str(depth) not in per_call:
+            continue
+        for nodes in range(1, limit):
+            value, paths = optimal_tree(probs, nodes, max_depth=depth)
+            if len(paths) < nodes or not paths or max(len(p) for p in paths) < depth:
+                continue  # the same tree as a smaller size or depth: already listed
+            setting = {"mode": "chain" if is_chain(paths) else "tree", "depth": depth, "tree_size": nodes + 1,
+                       "paths": [list(p) for p in paths]}
+            out.append(_prediction(setting, paths, value, profile, per_call))
+    return out
+
+
+def predict(setting: Mapping[str, Any], profile: CostProfile, costs: Mapping[str, Any],
+            calibration: Mapping[str, Any]) -> Prediction:
+    """The prediction for one tree (``setting["paths"]``, e.g. the default's)."""
+    if not setting.get("paths"):
+        raise SpecgraftError("a Medusa setting to predict needs its tree (paths); use the tuned.json or the "
+                             "default setting of the head")
+    paths = [tuple(p) for p in setting["paths"]]
+    probs = calibration_probabilities(calibration)
+    return _prediction(dict(setting), paths, tree_value(paths, probs), profile, costs.get("per_call_s") or {})
+
+
+def setting_label(setting: Mapping[str, Any]) -> str:
+    return f"{setting.get('mode')} of {setting.get('tree_size')} tokens, depth {setting.get('depth')}"
+
+
+def same_setting(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return all(a.get(k) == b.get(k) for k in ("mode", "tree_size", "depth"))
+
+
+def is_default_run(report: Mapping[str, Any], head: MedusaHead) -> bool:
+    """Whether an eval report was drafted at the untuned tree (its size: the paths are not recorded)."""
+    drafter = report.get("drafter") or {}
+    return drafter.get("mode") == "tree" and drafter.get("tree_size") == default_setting(head)["tree_size"]
+
+
+#: The registry hooks of this search (see :mod:`specgraft.heads.registry`).
+HOOKS = {"default_setting": default_setting, "profile_drafter": profile_drafter, "tune_candidates": candidates,
+         "tune_predict": predict, "setting_label": setting_label, "same_setting": same_setting,
+         "is_default_run": is_default_run}
