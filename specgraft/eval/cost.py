@@ -322,9 +322,6 @@ def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repea
     return {mode: monotone(table) for mode, table in out.items()}
 
 
-
-
-
 class _Reference:
     """A bare one-token target forward timed next to each drafter measurement: drafter costs are kept as ratios
     to it (times its overall median), so load drift between settings cancels."""

@@ -4,7 +4,7 @@ A family is one folder (``specgraft/heads/<name>/``) holding its config, module,
 layouts, and one :func:`register_head` call in that folder's ``__init__.py``::
 
     register_head("medusa", config=MedusaConfig, head=MedusaHead, drafter=medusa_drafter,
-                  exporters={"vllm": ..., "trtllm": ...}, tuning="static_tree", ...)
+                  exporters={"vllm": ..., "trtllm": ...}, tuning="medusa", hooks=tune.HOOKS, ...)
 
 Built-in families are imported on the first lookup (nothing happens at import of this module); a third-party
 family registers itself when its module is imported (e.g. from a test or a plug-in package). Names are unique:

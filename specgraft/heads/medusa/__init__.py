@@ -17,6 +17,6 @@ register_head(
     exporters=export.EXPORTERS, card=export.CARD, tuning="medusa",
     description="Medusa heads (static tree from per-head top-k accuracies)",
     hooks={**tune.HOOKS, "apply_tuned": export.apply_tuned, "tuning_prior": drafter.tuning_prior,
-           "static_tree": drafter.build_sparse_tree, "lora_step": medusa2.lora_step,
+           "lora_step": medusa2.lora_step,
            "train_metrics": drafter.train_metrics},
 )

@@ -19,7 +19,7 @@ from specgraft.heads.medusa.drafter import (
     build_sparse_tree,
     default_setting,
     drafter_from_setting,
-    head_topk_accuracy,
+    tuning_prior,
 )
 
 if TYPE_CHECKING:  # annotations only: the tuner passes the profile in
@@ -38,7 +38,7 @@ PROFILED_NODES = (1, 3, 7, 15, 31, 63)
 def profile_drafter(head: MedusaHead, timed: Callable[[Any], float]) -> dict[str, Any]:
     """The cost profile's section: one call runs ``h`` heads and fills (and reports q for) the tree's nodes, so the
     cost goes by heads and nodes; ``timed(drafter)`` is the profile's timer."""
-    accuracy = head_topk_accuracy(head).tolist()
+    accuracy = tuning_prior(head)  # the per-head top-k accuracies the untuned tree is built from
     per_call: dict[str, dict[str, float]] = {}
     for h in range(1, min(len(accuracy), PROFILED_MAX_HEADS) + 1):
         per_call[str(h)] = {}
