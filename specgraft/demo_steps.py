@@ -125,7 +125,10 @@ def _evaluate_head(out: Path, kind: str, head_dir: Path, target_path: Path, prom
                       settings=_eval_settings(budget), drafter_info={"type": kind, "path": str(head_dir),
                                                                      "mode": setting["mode"],
                                                                      "setting_source": "defaults",
-                                                                     "linear_kernel": kernel})
+                                                                     "linear_kernel": kernel,
+                                                                     # as `specgraft eval` records it, so `specgraft
+                                                                     # tune --calibration` knows the default run
+                                                                     **family.describe_drafter(drafter)})
     return {"report": report, "report_dir": out / "eval" / kind, "head_dir": head_dir, "drafter_dir": head_dir}
 
 

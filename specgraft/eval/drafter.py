@@ -35,7 +35,8 @@ not seen from ``ctx.token_ids`` on the next :meth:`Drafter.propose`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,23 @@ class DraftContext:
     @property
     def root_token(self) -> int:
         return int(self.token_ids[-1])
+
+
+@contextmanager
+def eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """Run ``module`` in eval mode, restoring training mode afterwards if it was training.
+
+    A module already in eval mode (the usual case while decoding) is left alone: ``module.eval()`` walks the whole
+    module tree and costs about 0.2 ms per call on a CPU, a sixth of a small draft forward, on every step.
+    """
+    if not module.training:
+        yield
+        return
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(True)
 
 
 class Drafter(ABC):

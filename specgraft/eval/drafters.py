@@ -121,12 +121,13 @@ class DraftModelDrafter(Drafter):
             branch = self._branching(d)
             level: list[int] = []
             for parent, logits in frontier:
-                probs = process_logits(logits, ctx.sampling)  # [V]
+                # Greedy drafting ranks the raw logits: processing them (a one-hot) would be wasted work per node.
+                probs = None if ctx.sampling.greedy else process_logits(logits, ctx.sampling)  # [V]
                 if sampled:
                     children = torch.multinomial(probs.to(ctx.generator.device if ctx.generator else probs.device),
                                                  branch, replacement=True, generator=ctx.generator).tolist()
                 else:
-                    # Greedy: rank by raw logits (probs is one-hot); sampling top-k: by the processed probabilities.
+                    # Greedy: rank by the raw logits; sampling top-k: by the processed probabilities.
                     ranking = logits if ctx.sampling.greedy else probs
                     children = torch.topk(ranking, branch).indices.tolist()
                 for tok in children:

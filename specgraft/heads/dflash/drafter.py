@@ -29,7 +29,7 @@ import torch
 from specgraft.errors import SpecgraftError
 from specgraft.eval import kv
 from specgraft.eval.acceptance import AcceptanceRecorder
-from specgraft.eval.drafter import DraftContext, Drafter
+from specgraft.eval.drafter import DraftContext, Drafter, eval_mode
 from specgraft.eval.tree import DraftTree
 from specgraft.eval.verify import process_logits
 from specgraft.heads.dflash.model import DFlashHead
@@ -78,6 +78,9 @@ class DFlashDrafter(Drafter):
 
     def reset(self) -> None:
         self._cache = kv.new_cache()
+        # Draft id -> target id, read once per prompt rather than every step ([Vd], None for a full vocabulary).
+        token_map = self.head.draft_token_ids()
+        self._token_map = None if token_map is None else token_map.to(self.head.param_device)
         self._seen = 0  # context rows in the cache: positions 0 .. _seen-1
 
     def accept(self, accepted_node_indices: Sequence[int], bonus_token: int) -> None:
@@ -85,13 +88,8 @@ class DFlashDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> DraftTree:
-        head = self.head
-        was_training = head.training
-        head.eval()
-        try:
+        with eval_mode(self.head):
             return self._propose(ctx)
-        finally:
-            head.train(was_training)
 
     # -- internals -------------------------------------------------------------------------------------------
     def block_logits(self, ctx: DraftContext) -> torch.Tensor:
@@ -105,7 +103,7 @@ class DFlashDrafter(Drafter):
                                  f"decoder resumes at {start}; call reset() before each prompt")
         kv.crop_cache(self._cache, start)  # a rewound history: forget what lies beyond the delivered start
         self._seen = start
-        device = next(head.parameters()).device
+        device = head.param_device
         bs = head.config.block_size
         new = length - 1 - start
         if new > 0:
@@ -137,9 +135,7 @@ class DFlashDrafter(Drafter):
         if depth <= 0:
             return DraftTree.empty(device)
         logits = self.block_logits(ctx)[:depth]  # [depth, V_out]
-        token_map = self.head.draft_token_ids()
-        if token_map is not None:
-            token_map = token_map.to(logits.device)
+        token_map = self._token_map
         if self.mode == "tree":
             tree = self._tree(logits, token_map, device)
         elif ctx.sampling.greedy:

@@ -254,6 +254,10 @@ class DFlashHead(DraftHead):
     def param_dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
+    @property
+    def param_device(self) -> torch.device:
+        return self.fc.weight.device
+
     def draft_token_ids(self) -> torch.Tensor | None:
         """[Vd] target id of every draft logit column, or None when the draft predicts the full target vocab."""
         return None if self.d2t is None else draft_to_target_ids(self.d2t)

@@ -33,7 +33,7 @@ import torch
 from specgraft.errors import SpecgraftError
 from specgraft.eval import kv
 from specgraft.eval.acceptance import AcceptanceRecorder
-from specgraft.eval.drafter import DraftContext, Drafter
+from specgraft.eval.drafter import DraftContext, Drafter, eval_mode
 from specgraft.eval.tree import DraftTree, additive_from_visible, level_visibility, strict_ancestors
 from specgraft.eval.verify import process_logits
 from specgraft.heads.eagle.model import EagleHeadBase
@@ -83,6 +83,9 @@ class EagleDrafter(Drafter):
     def reset(self) -> None:
         self._cache = kv.new_cache()
         self._seen = 0  # pairs with TRUE target features in the cache: positions 0 .. _seen-1
+        # Draft id -> target id, read once per prompt rather than every step ([Vd], None for a full vocabulary).
+        token_map = self.head.draft_token_ids()
+        self._token_map = None if token_map is None else token_map.to(self.head.param_device)
 
     def accept(self, accepted_node_indices: Sequence[int], bonus_token: int) -> None:
         # Drop every tree entry: the accepted positions come back next step with the target's true features.
@@ -91,13 +94,8 @@ class EagleDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> DraftTree:
-        head = self.head
-        was_training = head.training
-        head.eval()
-        try:
+        with eval_mode(self.head):
             return self._propose(ctx)
-        finally:
-            head.train(was_training)
 
     # -- internals -------------------------------------------------------------------------------------------
     def _propose(self, ctx: DraftContext) -> DraftTree:
@@ -116,20 +114,21 @@ class EagleDrafter(Drafter):
         if new <= 0 or depth <= 0:
             return DraftTree.empty(device)
         head = self.head
-        head_device = next(head.parameters()).device
+        head_device = head.param_device
         dtype = head.param_dtype
         states = {int(i): ctx.hidden_states[int(i)].to(head_device).unsqueeze(0) for i in self.needs_hidden_states}
         features = head.input_features(states)  # [1, new, h]
         ids = ctx.token_ids[start + 1 : length].to(head_device).unsqueeze(0)  # [1, new]: x_{i+1} of pair i
         positions = torch.arange(start, length - 1, device=head_device)
-        visible = torch.ones(new, start + new, dtype=torch.bool, device=head_device)
-        visible[:, start:] = torch.ones(new, new, dtype=torch.bool, device=head_device).tril()
-        out, logits = head.draft_forward(ids, features, positions[None], _additive(visible, dtype), self._cache)
+        mask = None  # one new pair sees the whole cache
+        if new > 1:
+            visible = torch.ones(new, start + new, dtype=torch.bool, device=head_device)
+            visible[:, start:] = torch.ones(new, new, dtype=torch.bool, device=head_device).tril()
+            mask = _additive(visible, dtype)
+        out, logits = head.draft_forward(ids, features, positions[None], mask, self._cache)
         self._seen = length - 1
         root_feature, root_logits = out[:, -1:], logits[0, -1]  # [1, 1, h], [V_out]
-        token_map = head.draft_token_ids()
-        if token_map is not None:
-            token_map = token_map.to(head_device)
+        token_map = self._token_map
         if self.mode == "chain":
             tree = self._chain(ctx, root_feature, root_logits, token_map, depth, device)
         else:
@@ -148,17 +147,21 @@ class EagleDrafter(Drafter):
         return full
 
     def _feed(self, tokens: torch.Tensor, features: torch.Tensor, position: int,
-              ancestors: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+              ancestors: list[list[int]] | None) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Run one tree level: tokens [m] (target ids) with their parents' features [m, h] at ``position``; row r
-        sees the committed pairs, the cache slots ``ancestors[r]`` and itself. Returns out [m, h], logits
-        [m, V_out] and the cache slot of each row."""
+        sees the committed pairs, the cache slots ``ancestors[r]`` and itself (``ancestors=None``: one row that
+        sees the whole cache, a chain's next node, with no mask to build). Returns out [m, h], logits [m, V_out]
+        and the cache slot of each row."""
         past = kv.cache_length(self._cache)
         m = tokens.shape[0]
         device = features.device
-        visible = level_visibility(self._seen, past, ancestors, device)  # [m, past + m]
+        mask = None
+        if ancestors is not None:
+            visible = level_visibility(self._seen, past, ancestors, device)  # [m, past + m]
+            mask = _additive(visible, self.head.param_dtype)
         positions = torch.full((1, m), position, dtype=torch.long, device=device)
-        out, logits = self.head.draft_forward(tokens.unsqueeze(0), features.unsqueeze(0), positions,
-                                              _additive(visible, self.head.param_dtype), self._cache)
+        out, logits = self.head.draft_forward(tokens.unsqueeze(0), features.unsqueeze(0), positions, mask,
+                                              self._cache)
         return out[0], logits[0], [past + r for r in range(m)]
 
     def _tree(self, ctx: DraftContext, root_feature: torch.Tensor, root_logits: torch.Tensor,
@@ -217,7 +220,6 @@ class EagleDrafter(Drafter):
         feature, logits = root_feature[0, 0], root_logits
         tokens: list[torch.Tensor] = []  # [1] target ids, kept on the device (no host read while drafting)
         q_rows: list[torch.Tensor] = []
-        slots: list[int] = []
         for d in range(1, depth + 1):
             if sampled:
                 q = self._q_full(logits[None], ctx, token_map)[0]  # [V]
@@ -230,8 +232,8 @@ class EagleDrafter(Drafter):
             tokens.append(token)
             if d == depth:
                 break
-            out, out_logits, new_slots = self._feed(token, feature[None], self._seen - 1 + d, [list(slots)])
-            slots.extend(new_slots)
+            # The cache holds the committed pairs and this chain's earlier nodes, all ancestors: no mask.
+            out, out_logits, _ = self._feed(token, feature[None], self._seen - 1 + d, None)
             feature, logits = out[0], out_logits[0]
         return DraftTree.chain(torch.cat(tokens).to(device),
                                q=torch.stack(q_rows).to(device) if sampled else None, sampled=sampled)

@@ -70,7 +70,13 @@ class EagleHeadBase(DraftHead):
 
     @property
     def param_dtype(self) -> torch.dtype:
-        return next(self.parameters()).dtype
+        """The dtype of the head's weights (its ``fc``'s; an attribute read, where ``next(self.parameters())``
+        walks the module tree, several times a draft step)."""
+        return self.fc.weight.dtype
+
+    @property
+    def param_device(self) -> torch.device:
+        return self.fc.weight.device
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[B, T] -> [B, T, h] the target's (frozen) input embeddings, in the head's dtype."""
