@@ -62,3 +62,14 @@ def test_each_timed_drafter_call_follows_a_target_forward(monkeypatch):
         cost._time_propose(drafter, model, cost._random_prompt(int(model.config.vocab_size), 16), 5, ref)
     timed = events[2:]  # after the catch-up on the prompt and the warm-up call
     assert timed == ["target", "propose"] * 5, events
+
+
+def test_no_verification_step_reads_cheaper_than_a_plain_step():
+    """A step ratio below 1 is pairing drift (a 4-token forward cannot beat the 1-token one): it is read as 1,
+    and larger ratios are kept; each table stays non-decreasing."""
+    table = cost.step_table(0.1, {("tree", 3): [0.70, 0.72, 0.75], ("tree", 4): [0.71], ("tree", 8): [1.4, 1.6],
+                                  ("chain", 2): [0.9], ("chain", 4): [1.2], ("chain", 8): [1.1]})
+    assert table["tree"][3] == table["tree"][4] == 0.1  # floored, not 0.072
+    assert abs(table["tree"][8] - 0.15) < 1e-12
+    assert table["chain"][1] == table["chain"][2] == 0.1
+    assert abs(table["chain"][4] - table["chain"][8]) < 1e-12 and table["chain"][8] > 0.1  # pooled, monotone

@@ -1,0 +1,115 @@
+"""What one drafting call of a trained head costs, in target forwards, timed as decoding runs it.
+
+For each setting, ``propose`` + ``accept`` (a one-pair catch-up, then the setting's draft) is timed interleaved with
+the target's one-token forward on the same KV length, and the ratio of the sums is printed: load drift between the
+two cancels. Each setting is timed twice: back to back (the drafter's weights and activations stay in the CPU's
+caches) and right after a target forward (as in decoding, and as ``specgraft profile`` now times it).
+
+    python benchmarks/bench_draft_call.py --head runs/demo/eagle3/head \
+        --settings '{"mode": "chain", "depth": 1}' '{"mode": "chain", "depth": 3}'
+    PYTHONPATH=/path/to/other/checkout python benchmarks/bench_draft_call.py ...   # compare two versions
+
+The target is the head's own (``head.target`` after loading onto ``--target``, default the embedded demo target).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specgraft.eval import cost, kv
+from specgraft.heads.base import load_head
+from specgraft.heads.registry import family_of
+from specgraft.target import load_target
+
+DEFAULT_TARGET = Path(__file__).resolve().parents[1] / "specgraft" / "defaults" / "model"
+
+
+def draft_call_ratios(head, setting: dict, kv_length: int, calls: int) -> dict[str, float]:
+    """``{"back_to_back": r, "after_target_forward": r}``: one drafting call / one one-token target forward."""
+    model = head.target.model
+    drafter = family_of(head).drafter(head, setting)
+    prompt = cost._random_prompt(int(kv.text_config(model).vocab_size), kv_length)
+    needs = tuple(int(i) for i in drafter.needs_hidden_states)
+    drafter.bind(model)
+    drafter.reset()
+    drafter.propose(cost._draft_context(model, prompt, needs, full=True))
+    ctx = cost._draft_context(model, prompt, needs, full=False)
+    ids = torch.tensor([prompt + prompt[:1]], device=kv.model_device(model))
+    cache = kv.new_cache()
+    with torch.no_grad():
+        model(input_ids=ids[:, :kv_length], cache=cache, use_cache=True, logits_to_keep=1)
+
+    def target_forward() -> None:
+        with torch.no_grad():
+            model(input_ids=ids[:, kv_length:], cache=cache, use_cache=True)
+        kv.crop_cache(cache, kv_length)
+
+    def draft_call() -> None:
+        drafter.propose(ctx)
+        drafter.accept([], 0)
+
+    for _ in range(max(10, calls // 10)):  # warm-up
+        draft_call()
+        target_forward()
+    out = {}
+    for label in ("back_to_back", "after_target_forward"):
+        draft_s = target_s = 0.0
+        for _ in range(calls):
+            if label == "back_to_back":
+                t0 = time.perf_counter()
+                draft_call()
+                t1 = time.perf_counter()
+                draft_call()  # untimed: the next timed call again follows a draft call
+                t2 = time.perf_counter()
+                target_forward()
+                t3 = time.perf_counter()
+                draft_s += t1 - t0
+                target_s += t3 - t2
+            else:
+                t0 = time.perf_counter()
+                target_forward()
+                t1 = time.perf_counter()
+                draft_call()
+                t2 = time.perf_counter()
+                target_s += t1 - t0
+                draft_s += t2 - t1
+        out[label] = draft_s / target_s
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--head", required=True, help="a trained head folder")
+    parser.add_argument("--target", default=str(DEFAULT_TARGET), help="the head's target (default: the demo's)")
+    parser.add_argument("--settings", nargs="+", required=True, help="drafter settings as JSON objects")
+    parser.add_argument("--kv-length", type=int, default=113)
+    parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", help="write the table as JSON here too")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    head = load_head(load_target(args.target, dtype="float32", device="cpu"), args.head)
+    head.eval()
+    rows = []
+    print(f"{'setting':<60} {'back to back':>13} {'after a target forward':>23}")
+    for text in args.settings:
+        setting = json.loads(text)
+        ratios = draft_call_ratios(head, setting, args.kv_length, args.calls)
+        rows.append({"setting": setting, **ratios})
+        print(f"{json.dumps(setting):<60} {ratios['back_to_back']:>12.3f}x {ratios['after_target_forward']:>22.3f}x")
+    if args.out:
+        from specgraft.utils.io import atomic_write_json
+
+        atomic_write_json(Path(args.out), {"head": args.head, "kv_length": args.kv_length, "calls": args.calls,
+                                           "threads": args.threads, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
