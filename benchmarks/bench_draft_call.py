@@ -40,15 +40,7 @@ def draft_call_ratios(head, setting: dict, kv_length: int, calls: int) -> dict[s
     drafter.reset()
     drafter.propose(cost._draft_context(model, prompt, needs, full=True))
     ctx = cost._draft_context(model, prompt, needs, full=False)
-    ids = torch.tensor([prompt + prompt[:1]], device=kv.model_device(model))
-    cache = kv.new_cache()
-    with torch.no_grad():
-        model(input_ids=ids[:, :kv_length], cache=cache, use_cache=True, logits_to_keep=1)
-
-    def target_forward() -> None:
-        with torch.no_grad():
-            model(input_ids=ids[:, kv_length:], cache=cache, use_cache=True)
-        kv.crop_cache(cache, kv_length)
+    target_forward = cost._Reference(model, kv_length, calls).forward  # the profile's one-token forward
 
     def draft_call() -> None:
         drafter.propose(ctx)

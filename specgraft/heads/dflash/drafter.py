@@ -78,9 +78,8 @@ class DFlashDrafter(Drafter):
 
     def reset(self) -> None:
         self._cache = kv.new_cache()
-        # Draft id -> target id, read once per prompt rather than every step ([Vd], None for a full vocabulary).
-        token_map = self.head.draft_token_ids()
-        self._token_map = None if token_map is None else token_map.to(self.head.param_device)
+        # Draft id -> target id ([Vd] on the head's device, None for a full vocabulary): once per prompt, not per step.
+        self._token_map = self.head.draft_token_ids()
         self._seen = 0  # context rows in the cache: positions 0 .. _seen-1
 
     def accept(self, accepted_node_indices: Sequence[int], bonus_token: int) -> None:

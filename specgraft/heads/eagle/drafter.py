@@ -83,9 +83,8 @@ class EagleDrafter(Drafter):
     def reset(self) -> None:
         self._cache = kv.new_cache()
         self._seen = 0  # pairs with TRUE target features in the cache: positions 0 .. _seen-1
-        # Draft id -> target id, read once per prompt rather than every step ([Vd], None for a full vocabulary).
-        token_map = self.head.draft_token_ids()
-        self._token_map = None if token_map is None else token_map.to(self.head.param_device)
+        # Draft id -> target id ([Vd] on the head's device, None for a full vocabulary): once per prompt, not per step.
+        self._token_map = self.head.draft_token_ids()
 
     def accept(self, accepted_node_indices: Sequence[int], bonus_token: int) -> None:
         # Drop every tree entry: the accepted positions come back next step with the target's true features.
