@@ -152,7 +152,10 @@ class TTTKeys:
     that step's ``Kr, Vr`` (same shape), which position ``i`` sees only at its own row (the "diagonal").
     """
 
-    def __init__(self) -> None:
+    def __init__(self, causal: bool = True) -> None:
+        #: The step-0 mask is causal (the training-time-test loops build it so): the fused CPU kernel may then
+        #: skip the key blocks above the diagonal.
+        self.causal = causal
         self.base: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.diag: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
@@ -162,6 +165,90 @@ class TTTKeys:
             self.diag[layer_idx] = []
         else:
             self.diag[layer_idx].append((key, value))
+
+
+def _fused_cpu_ttt(query: torch.Tensor, p_drop: float) -> bool:
+    """Whether :class:`_DiagonalKeysAttention` runs here: CPU, no dropout, and torch's CPU flash-attention ops
+    (they return the softmax's log-sum-exp, which the public ``scaled_dot_product_attention`` does not)."""
+    return (query.device.type == "cpu" and not p_drop
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"))
+
+
+class _DiagonalKeysAttention(torch.autograd.Function):
+    """Training-time-test attention with the diagonal keys kept out of the fused kernel (CPU).
+
+    ``query`` [B, H, Q, d] attends to the block keys ``key/value`` [B, Hkv, K, d] under the additive ``mask``
+    [B or 1, 1, Q, K] (causal too when ``causal``) plus, at each row i, the s diagonal keys ``Kr[i], Vr[i]``
+    (``extras`` = K1, V1, ..., Ks, Vs, each [B, Hkv, Q, d]), one softmax over all of them. The block goes through
+    torch's CPU flash kernel, which returns its log-sum-exp ``lse_b``; the diagonal scores ``d_r = q_i . Kr[i]``
+    join it as ``lse = logsumexp(lse_b, d_1..d_s)`` and ``out = exp(lse_b - lse) out_b + sum_r exp(d_r - lse) Vr[i]``.
+    The backward hands the kernel's backward the joint ``out`` and ``lse``, which makes it return exactly the
+    block's share of the joint softmax's gradient; the diagonal terms are the same formula done by hand
+    (``dS = P (dO . V - rowsum(dO * out))``). Against the keys-concatenated form (K + s*Q keys with a dense
+    diagonal mask, then repeated for grouped queries) this does 1/(s + 1) of the kernel work per step and keeps
+    the causal block skipping: the same numbers to rounding (pinned by tests/heads/test_eagle3.py).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                causal: bool, scale: float, *extras: torch.Tensor) -> torch.Tensor:
+        block_out, block_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, 0.0, causal, attn_mask=mask, scale=scale)  # [B, H, Q, d], [B, H, Q] fp32
+        diag_scores = _diagonal_scores(query, extras[0::2], scale)  # [B, H, Q, s] fp32
+        lse = torch.logsumexp(torch.cat([block_lse.unsqueeze(-1), diag_scores], dim=-1), dim=-1)  # [B, H, Q]
+        kv_heads = key.shape[1]
+        out = _grouped(block_out * torch.exp(block_lse - lse).unsqueeze(-1).to(block_out.dtype), kv_heads)
+        weights = torch.exp(diag_scores - lse.unsqueeze(-1)).to(query.dtype)  # [B, H, Q, s]
+        for r, diag_value in enumerate(extras[1::2]):  # [B, Hkv, G, Q, d] += [B, Hkv, G, Q, 1] * [B, Hkv, 1, Q, d]
+            out = out + _grouped(weights[..., r : r + 1], kv_heads) * diag_value.unsqueeze(2)
+        out = out.reshape(query.shape).contiguous()  # [B, H, Q, d]
+        ctx.save_for_backward(query, key, value, mask, out, lse, *extras)
+        ctx.causal, ctx.scale = causal, scale
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        query, key, value, mask, out, lse, *extras = ctx.saved_tensors
+        scale = ctx.scale
+        grad_out = grad_out.contiguous()
+        grad_query, grad_key, grad_value = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, query, key, value, out, lse, 0.0, ctx.causal, attn_mask=mask, scale=scale)
+        if not extras:
+            return grad_query, grad_key, grad_value, None, None, None
+        kv_heads = key.shape[1]
+        weights = torch.exp(_diagonal_scores(query, extras[0::2], scale) - lse.unsqueeze(-1))  # [B, H, Q, s]
+        row_dot = (grad_out.float() * out.float()).sum(-1, keepdim=True)  # [B, H, Q, 1]
+        grad_query = grad_query.float()
+        q5 = _grouped(query, kv_heads).float()  # [B, Hkv, G, Q, d]
+        g5 = _grouped(grad_out, kv_heads).float()
+        grads: list[torch.Tensor] = []
+        for r, (diag_key, diag_value) in enumerate(zip(extras[0::2], extras[1::2])):
+            p = _grouped(weights[..., r : r + 1], kv_heads)  # [B, Hkv, G, Q, 1]
+            value_dot = (g5 * diag_value.unsqueeze(2).float()).sum(-1, keepdim=True)  # [B, Hkv, G, Q, 1]
+            grad_score = p * (value_dot - _grouped(row_dot, kv_heads)) * scale  # [B, Hkv, G, Q, 1]
+            grad_query = grad_query + (grad_score * diag_key.unsqueeze(2).float()).reshape(query.shape)
+            grads.append((grad_score * q5).sum(2).to(diag_key.dtype))  # [B, Hkv, Q, d]
+            grads.append((p * g5).sum(2).to(diag_value.dtype))
+        return (grad_query.to(query.dtype), grad_key, grad_value, None, None, None, *grads)
+
+
+def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """[B, H, Q, n] -> [B, Hkv, G, Q, n]: the G query heads that share each KV head (a view when x's layout
+    allows)."""
+    bsz, heads = x.shape[:2]
+    return x.reshape(bsz, kv_heads, heads // kv_heads, *x.shape[2:])
+
+
+def _diagonal_scores(query: torch.Tensor, diag_keys: Any, scale: float) -> torch.Tensor:
+    """[B, H, Q, s] fp32: ``q_i . Kr[i] * scale`` for each diagonal key block Kr [B, Hkv, Q, d]."""
+    if not diag_keys:
+        return query.new_zeros((*query.shape[:3], 0), dtype=torch.float32)
+    kv_heads = diag_keys[0].shape[1]
+    q5 = _grouped(query, kv_heads).float()  # [B, Hkv, G, Q, d]
+    scores = [(q5 * k.unsqueeze(2).float()).sum(-1) for k in diag_keys]  # each [B, Hkv, G, Q]
+    return (torch.stack(scores, dim=-1) * scale).reshape(*query.shape[:3], len(scores))
 
 
 def register_eagle_attention() -> None:
@@ -204,6 +291,10 @@ def eagle_attention_forward(
     scale = scaling if scaling is not None else head_dim**-0.5
     p_drop = dropout if module.training else 0.0
     if not softcap:
+        if extra and _fused_cpu_ttt(query, p_drop):
+            flat = [t for pair in extra for t in pair]
+            out = _DiagonalKeysAttention.apply(query, key, value, attention_mask, eagle_ttt.causal, scale, *flat)
+            return out.transpose(1, 2).contiguous(), None
         if extra:
             # The diagonal keys as s more key blocks, each open only on its own row ([Q, Q] diagonal mask): the
             # same joint softmax, through torch's fused kernel, which never holds the [B, H, Q, K + s] scores and

@@ -164,6 +164,7 @@ class RecipeTrainer:
         # Made by setup(): the (accelerate-prepared) step module, optimizer, data loader and the hand-stepped
         # scheduler.
         self.step_module: torch.nn.Module | None = None
+        self._bare_module: torch.nn.Module | None = None  # step_module without its wrapper (see unwrapped)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
         self.loader: Any = None
@@ -255,6 +256,9 @@ class RecipeTrainer:
         # The scheduler is stepped by hand once per optimizer step (accelerate would step it once per process).
         self.scheduler = scheduler
         self.step_module, self.optimizer, self.loader = acc.prepare(step_module, optimizer, loader)
+        # Unwrapped once: accelerate's unwrap_model looks up installed packages' metadata on every call (about 2 ms
+        # on this CPU, twice per optimizer step: a tenth of a tiny-target Medusa step).
+        self._bare_module = acc.unwrap_model(self.step_module)
         self.batches_per_epoch = len(self.loader)
 
         if acc.is_main_process:
@@ -352,7 +356,9 @@ class RecipeTrainer:
 
     def unwrapped(self) -> torch.nn.Module:
         """The step module without its DDP/DeepSpeed wrapper."""
-        return self.accelerator.unwrap_model(self.step_module)
+        if self._bare_module is None:
+            return self.accelerator.unwrap_model(self.step_module)
+        return self._bare_module
 
     @property
     def uses_deepspeed(self) -> bool:

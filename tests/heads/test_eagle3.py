@@ -253,18 +253,26 @@ def test_bad_inputs(tiny_llama):
         Eagle3Head(good, target)
 
 
-def test_ttt_attention_equals_the_explicit_joint_softmax_with_its_gradients():
-    """The fused TTT attention (diagonal keys as diagonal-masked key blocks through SDPA) against the written-out
-    formula: scores ``[q_i . K0[j], masked] ++ [q_i . Kr[i] for r = 1..s]``, one softmax, values alike; GQA
-    (4 query heads on 2 KV heads) and a padded row; outputs and gradients of every step's q, k, v."""
+@pytest.mark.parametrize("cpu_flash", [True, False], ids=["cpu-flash-lse", "concatenated-keys"])
+def test_ttt_attention_equals_the_explicit_joint_softmax_with_its_gradients(cpu_flash, monkeypatch):
+    """Both fused TTT attentions against the written-out formula: scores ``[q_i . K0[j], masked] ++ [q_i . Kr[i]
+    for r = 1..s]``, one softmax, values alike; GQA (4 query heads on 2 KV heads), a padded row and queries in the
+    transposed layout transformers hands over; outputs and gradients of every step's q, k, v. ``cpu-flash-lse``:
+    the block through torch's CPU flash kernel, the diagonal joined by log-sum-exp (the CPU training path);
+    ``concatenated-keys``: the diagonal keys as diagonal-masked key blocks through SDPA (every other device)."""
     from types import SimpleNamespace
 
+    from specgraft.heads import layers
     from specgraft.heads.layers import TTTKeys, eagle_attention_forward
+
+    assert layers._fused_cpu_ttt(torch.zeros(1), 0.0)  # torch still has the CPU flash ops this path needs
+    if not cpu_flash:
+        monkeypatch.setattr(layers, "_fused_cpu_ttt", lambda *_: False)
 
     batch, heads, kv_heads, length, dim, steps = 2, 4, 2, 7, 8, 3
     gen = torch.Generator().manual_seed(3)
-    qkv = [[torch.randn(batch, n, length, dim, generator=gen, requires_grad=True) for n in (heads, kv_heads, kv_heads)]
-           for _ in range(steps)]
+    qkv = [[torch.randn(batch, length, n, dim, generator=gen).transpose(1, 2).requires_grad_()
+            for n in (heads, kv_heads, kv_heads)] for _ in range(steps)]  # each [B, n, T, d], transposed layout
     key_valid = torch.ones(batch, length, dtype=torch.bool)
     key_valid[1, -2:] = False
     mask = causal_additive_mask(length, key_valid, torch.float32, torch.device("cpu"))  # [B, 1, T, T]
