@@ -205,22 +205,26 @@ class _LinearCrossEntropy(torch.autograd.Function):
             end = min(start + rows_per_chunk, num_rows)
             x = hidden[start:end]  # [n, h]
             logits = F.linear(x, weight, bias).float()  # [n, V]
-            logp = torch.log_softmax(logits, dim=-1)  # [n, V]
+            draft_probs = torch.softmax(logits, dim=-1)  # [n, V]
+            # log-sum-exp from the row maximum, whose probability (>= 1/V) cannot underflow: one exponential pass
+            # over [n, V] instead of log_softmax's and then exp's
+            lse = logits.amax(-1) - draft_probs.amax(-1).log()  # [n]
             if labels is not None:
                 ref = labels[start:end]  # [n]
-                total += -logp.gather(-1, ref.unsqueeze(-1)).sum()
+                total += (lse - logits.gather(-1, ref.unsqueeze(-1)).squeeze(-1)).sum()
                 probs = None
             else:
                 rows = target_logits[start:end] if target_rows is None else target_logits[target_rows[start:end]]
                 if target_columns is not None:
                     rows = rows.index_select(-1, target_columns)
                 probs = torch.softmax(rows.float(), dim=-1)  # [n, V]
-                total += -(probs * logp).sum()
+                # -sum_v p_v (z_v - lse), row by row
+                total += (lse * probs.sum(-1) - (probs * logits).sum(-1)).sum()
                 ref = probs.argmax(-1) if rank is not None else None  # [n]: the target's top-1
                 if topk:
                     top = probs.topk(min(topk, probs.shape[-1]), dim=-1).indices  # [n, k]
                     top_probs = probs.gather(-1, top)  # [n, k]
-                    topk_total += -(top_probs * logp.gather(-1, top)).sum()
+                    topk_total += -(top_probs * (logits.gather(-1, top) - lse.unsqueeze(-1))).sum()
             if rank is not None:
                 rank[start:end] = (logits > logits.gather(-1, ref.unsqueeze(-1))).sum(-1, dtype=torch.int32)
             if not (need_hidden or need_weight or need_bias):
@@ -228,7 +232,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # d/dlogits of -sum_v p_v log softmax(z)_v is softmax(z) * sum(p) - p = softmax(z) - p, p being a
             # distribution (hard labels: p one-hot). The top-K term sums over S = topK(p) only:
             # softmax(z) * p(S) - p restricted to S, added with its weight w.
-            grad_logits = logp.exp_()  # [n, V], reusing logp's memory
+            grad_logits = draft_probs  # [n, V], updated in place
             if probs is None:
                 grad_logits.scatter_add_(-1, ref.unsqueeze(-1), grad_logits.new_full((end - start, 1), -1.0))
             else:
