@@ -47,6 +47,23 @@ def test_hard_labels_equal_plain_cross_entropy_and_its_gradients(chunk_elements,
     assert torch.equal(rank, _rank(logits.detach(), labels))
 
 
+@pytest.mark.parametrize("logit_scale", [30.0, 1000.0])
+def test_far_apart_logits_keep_a_finite_exact_loss(logit_scale):
+    # At these scales most probabilities underflow to 0 in fp32 (log p would be -inf); the label's loss must still
+    # be lse - z[label], finite and equal to the plain cross-entropy, for hard and soft targets.
+    hidden, weight, _ = _inputs(False)
+    hidden = (hidden.detach() * logit_scale).requires_grad_()
+    labels = torch.randint(0, VOCAB, (ROWS,), generator=torch.Generator().manual_seed(1))
+    logits = F.linear(hidden, weight)
+    got, _ = linear_cross_entropy(hidden, weight, labels=labels)
+    torch.testing.assert_close(got, F.cross_entropy(logits, labels, reduction="sum"), rtol=1e-6, atol=1e-3)
+    target_logits = torch.randn(ROWS, VOCAB, generator=torch.Generator().manual_seed(2)) * logit_scale
+    soft, _ = linear_cross_entropy(hidden, weight, target_logits=target_logits)
+    ref = -(torch.softmax(target_logits, -1) * torch.log_softmax(logits, -1)).sum()
+    assert torch.isfinite(got) and torch.isfinite(soft)
+    torch.testing.assert_close(soft, ref, rtol=1e-5, atol=1e-2)
+
+
 @pytest.mark.parametrize("chunk_elements", CHUNKINGS)
 def test_soft_targets_on_selected_rows_and_columns_equal_the_plain_soft_cross_entropy(chunk_elements):
     hidden, weight, _ = _inputs(False)
