@@ -152,10 +152,7 @@ class TTTKeys:
     that step's ``Kr, Vr`` (same shape), which position ``i`` sees only at its own row (the "diagonal").
     """
 
-    def __init__(self, causal: bool = True) -> None:
-        #: The step-0 mask is causal (the training-time-test loops build it so): the fused CPU kernel may then
-        #: skip the key blocks above the diagonal.
-        self.causal = causal
+    def __init__(self) -> None:
         self.base: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.diag: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
@@ -179,7 +176,7 @@ class _DiagonalKeysAttention(torch.autograd.Function):
     """Training-time-test attention with the diagonal keys kept out of the fused kernel (CPU).
 
     ``query`` [B, H, Q, d] attends to the block keys ``key/value`` [B, Hkv, K, d] under the additive ``mask``
-    [B or 1, 1, Q, K] (causal too when ``causal``) plus, at each row i, the s diagonal keys ``Kr[i], Vr[i]``
+    [B or 1, 1, Q, K] (causal too when ``causal``) plus, at each row i (s >= 1), the s diagonal keys ``Kr[i], Vr[i]``
     (``extras`` = K1, V1, ..., Ks, Vs, each [B, Hkv, Q, d]), one softmax over all of them. The block goes through
     torch's CPU flash kernel, which returns its log-sum-exp ``lse_b``; the diagonal scores ``d_r = q_i . Kr[i]``
     join it as ``lse = logsumexp(lse_b, d_1..d_s)`` and ``out = exp(lse_b - lse) out_b + sum_r exp(d_r - lse) Vr[i]``.
@@ -199,26 +196,24 @@ class _DiagonalKeysAttention(torch.autograd.Function):
         lse = torch.logsumexp(torch.cat([block_lse.unsqueeze(-1), diag_scores], dim=-1), dim=-1)  # [B, H, Q]
         kv_heads = key.shape[1]
         out = _grouped(block_out * torch.exp(block_lse - lse).unsqueeze(-1).to(block_out.dtype), kv_heads)
-        weights = torch.exp(diag_scores - lse.unsqueeze(-1)).to(query.dtype)  # [B, H, Q, s]
+        # the diagonal keys' softmax weights, kept (s values per row) for the backward
+        weights = torch.exp(diag_scores - lse.unsqueeze(-1))  # [B, H, Q, s] fp32
         for r, diag_value in enumerate(extras[1::2]):  # [B, Hkv, G, Q, d] += [B, Hkv, G, Q, 1] * [B, Hkv, 1, Q, d]
-            out = out + _grouped(weights[..., r : r + 1], kv_heads) * diag_value.unsqueeze(2)
+            out = out + _grouped(weights[..., r : r + 1].to(query.dtype), kv_heads) * diag_value.unsqueeze(2)
         out = out.reshape(query.shape).contiguous()  # [B, H, Q, d]
-        ctx.save_for_backward(query, key, value, mask, out, lse, *extras)
+        ctx.save_for_backward(query, key, value, mask, out, lse, weights, *extras)
         ctx.causal, ctx.scale = causal, scale
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        query, key, value, mask, out, lse, *extras = ctx.saved_tensors
+        query, key, value, mask, out, lse, weights, *extras = ctx.saved_tensors
         scale = ctx.scale
         grad_out = grad_out.contiguous()
         grad_query, grad_key, grad_value = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, query, key, value, out, lse, 0.0, ctx.causal, attn_mask=mask, scale=scale)
-        if not extras:
-            return grad_query, grad_key, grad_value, None, None, None
         kv_heads = key.shape[1]
-        weights = torch.exp(_diagonal_scores(query, extras[0::2], scale) - lse.unsqueeze(-1))  # [B, H, Q, s]
         row_dot = (grad_out.float() * out.float()).sum(-1, keepdim=True)  # [B, H, Q, 1]
         grad_query = grad_query.float()
         q5 = _grouped(query, kv_heads).float()  # [B, Hkv, G, Q, d]
@@ -242,9 +237,7 @@ def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 
 def _diagonal_scores(query: torch.Tensor, diag_keys: Any, scale: float) -> torch.Tensor:
-    """[B, H, Q, s] fp32: ``q_i . Kr[i] * scale`` for each diagonal key block Kr [B, Hkv, Q, d]."""
-    if not diag_keys:
-        return query.new_zeros((*query.shape[:3], 0), dtype=torch.float32)
+    """[B, H, Q, s] fp32: ``q_i . Kr[i] * scale`` for each diagonal key block Kr [B, Hkv, Q, d] (s >= 1)."""
     kv_heads = diag_keys[0].shape[1]
     q5 = _grouped(query, kv_heads).float()  # [B, Hkv, G, Q, d]
     scores = [(q5 * k.unsqueeze(2).float()).sum(-1) for k in diag_keys]  # each [B, Hkv, G, Q]
@@ -293,7 +286,9 @@ def eagle_attention_forward(
     if not softcap:
         if extra and _fused_cpu_ttt(query, p_drop):
             flat = [t for pair in extra for t in pair]
-            out = _DiagonalKeysAttention.apply(query, key, value, attention_mask, eagle_ttt.causal, scale, *flat)
+            # causal=True: the training-time-test loops build the step-0 mask causal, so the kernel may skip the
+            # key blocks above the diagonal
+            out = _DiagonalKeysAttention.apply(query, key, value, attention_mask, True, scale, *flat)
             return out.transpose(1, 2).contiguous(), None
         if extra:
             # The diagonal keys as s more key blocks, each open only on its own row ([Q, Q] diagonal mask): the
