@@ -106,7 +106,8 @@ def prepare(work: Path, args: argparse.Namespace, stages: dict[str, Any]) -> tup
         stages["regenerate"] = run_stage("regenerate", specgraft(
             "regenerate", "--model", str(target), "--data", str(prompts), "--out", str(regen), "--first-reply-only",
             "--num-samples", str(args.conversations), "--max-new-tokens", str(args.regenerate_max_new_tokens),
-            "--batch-size", str(args.batch_size), "--threads", str(args.threads), "--no-progress"),
+            "--batch-size", str(args.batch_size), "--threads", str(args.threads), "--dtype", args.dtype,
+            "--no-progress"),
             logs / "regenerate.log")
     if args.raw_conversations:
         _write_raw_first_turns(raw, train_dir / "original.jsonl", args.raw_conversations, args.conversations)
@@ -168,7 +169,8 @@ def train(work: Path, target: Path, data: Path, drafter: str, args: argparse.Nam
     if final.is_dir():
         return final
     cmd = specgraft(command, recipe, f"model.name_or_path={target}", f"data.path={data}", f"output.dir={out}",
-                    f"data.cache_dir={work / 'cache'}", "tracking.backend=none", *args.override.get(drafter, []),
+                    f"data.cache_dir={work / 'cache'}", "tracking.backend=none", f"model.dtype={args.dtype}",
+                    *args.override.get(drafter, []),
                     "--threads", str(args.threads))
     if (out / "checkpoints").is_dir():
         cmd.append("--resume")
@@ -204,7 +206,7 @@ def evaluate(work: Path, target: Path, drafter: str, product: Path, setting: str
         run_stage(f"eval-{drafter}-{setting}", specgraft(
             "eval", "--target", str(target), *which, *flags, "--prompts", str(SPEC_BENCH),
             "--limit-per-domain", str(args.limit_per_domain), "--max-new-tokens", str(args.max_new_tokens),
-            "--threads", str(args.threads), "--warmup", "1", "--no-progress", "--out", str(out)),
+            "--threads", str(args.threads), "--dtype", args.dtype, "--warmup", "1", "--no-progress", "--out", str(out)),
             work / "logs" / f"eval-{out.name}.log")
     return json.loads(report.read_text(encoding="utf-8"))
 
@@ -267,6 +269,9 @@ def main() -> None:
     parser.add_argument("--limit-per-domain", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the target's dtype in every stage (bfloat16 where the CPU multiplies it natively, "
+                             "e.g. Intel AMX: `specgraft profile --dtype bfloat16` tells)")
     args = parser.parse_args()
     args.override = parse_overrides(args.override)
     if not SPEC_BENCH.is_file():

@@ -182,13 +182,13 @@ def head_family(head_dir: str | Path) -> Any:
 
 
 def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str, Any], Any]:
-    from specgraft.heads.base import load_head
+    from specgraft.heads.base import load_head_for_decoding
 
     if args.branching is not None:
         raise SpecgraftError("--branching applies to --draft/self trees; for heads use --tree-size (and "
                              "--eagle-top-k for EAGLE)")
     family = head_family(args.head)
-    head = load_head(target, args.head)
+    head = load_head_for_decoding(target, args.head)
     explicit = any(v is not None for v in (args.k, args.mode, args.tree_size, args.eagle_top_k))
     tuned = _tuned_setting(args, Path(args.head), explicit, target)
     if tuned is not None:

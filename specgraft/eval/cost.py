@@ -551,7 +551,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from specgraft.eval.loading import device_and_dtype, load_draft_model
-    from specgraft.heads.base import load_head, read_head_config
+    from specgraft.heads.base import load_head_for_decoding, read_head_config
     from specgraft.target import load_target
 
     if args.out.exists() and not args.overwrite:
@@ -562,7 +562,7 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args.target, dtype=dtype, device=device)
     heads = []
     for head_dir in args.head:
-        head = load_head(target, head_dir)
+        head = load_head_for_decoding(target, head_dir)
         heads.append((str(head_dir), head, head.head_type))
     drafts = [(str(path), load_draft_model(path, target, dtype, device)[0]) for path in args.draft]
     kernel = apply_linear_kernel(args.linear_kernel, device, dtype, target.model, *(h for _, h, _ in heads),

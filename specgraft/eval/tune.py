@@ -467,9 +467,9 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args.target, dtype=dtype, device=device)
     prior = None
     if args.head is not None:
-        from specgraft.heads.base import load_head
+        from specgraft.heads.base import load_head_for_decoding
 
-        source = load_head(target, args.head)
+        source = load_head_for_decoding(target, args.head)
         target = source.target  # the head's own (Medusa-2: with its adapter merged)
         head_type = source.head_type
         kind = kind_of(head_type)

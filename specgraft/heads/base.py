@@ -279,6 +279,18 @@ def load_head(target: Target, path: str | Path) -> DraftHead:
     return head
 
 
+def load_head_for_decoding(target: Target, path: str | Path) -> DraftHead:
+    """:func:`load_head` for drafting: the head's floating-point weights in the target's dtype, as vLLM and SGLang
+    serve a draft. Training keeps fp32 master weights whatever the target's dtype; a bf16 target decodes with a bf16
+    draft (on a CPU with native bf16 matmuls, e.g. Intel AMX, that halves the bytes a draft step reads). Lossless
+    either way: the verifier accepts only what the target itself would emit."""
+    head = load_head(target, path)
+    dtype = head.target.dtype
+    if dtype.is_floating_point and any(p.is_floating_point() and p.dtype != dtype for p in head.parameters()):
+        head.to(dtype=dtype)
+    return head
+
+
 def merged_target(target: Target, adapter_path: Path) -> Target:
     """Medusa-2: the heads were trained with a LoRA adapter on the target, so they draft for the ADAPTED target
     (the model decoding and export must use). Returns a new frozen :class:`Target` whose model is a copy of
