@@ -238,8 +238,10 @@ class Target:
         return self.input_embeddings(input_ids)
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[.., h] post-norm hidden states -> [.., V] logits, with the target's final logit soft-capping if any."""
-        logits = self.output_head(hidden)
+        """[.., h] post-norm hidden states -> [.., V] logits, with the target's final logit soft-capping if any.
+
+        ``hidden`` is cast to the lm_head's dtype: an offline feature cache decodes to fp32 whatever the target's."""
+        logits = self.output_head(hidden.to(self.output_head.weight.dtype))
         softcap = getattr(self.text_config, "final_logit_softcapping", None)
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap

@@ -40,6 +40,16 @@ def test_forward_matches_plain_model_and_target_is_frozen(tiny_arch):
     assert target.output_head.weight.shape == (target.vocab_size, target.hidden_size)
 
 
+def test_logits_from_fp32_hidden_states_on_a_bf16_target():
+    """An offline feature cache decodes to fp32; a bf16 target's lm_head takes it (as its own dtype's logits)."""
+    target = Target(tiny_model("llama").to(torch.bfloat16), tiny_tokenizer())
+    ids = torch.randint(3, 262, (2, 9))
+    n = target.num_layers
+    out = target(ids, layers=(n,))
+    assert out.logits.dtype == torch.bfloat16
+    torch.testing.assert_close(target.logits_from_hidden(out.hidden_states[n].float()), out.logits, rtol=0, atol=0)
+
+
 def test_identity_records_target_and_default_eagle3_layers(tiny_arch):
     tok = tiny_tokenizer()
     target = Target(tiny_model(tiny_arch, num_hidden_layers=6), tok, name_or_path=f"tiny/{tiny_arch}")
