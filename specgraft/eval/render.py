@@ -42,7 +42,10 @@ def _lossless_cell(values: dict[str, Any]) -> str:
     passed = values.get("lossless_passed")
     if passed is None:
         return "n/a (sampling)"
-    return f"{'passed' if passed else 'FAILED'} {values.get('lossless_identical')}/{values.get('lossless_checked')}"
+    counts = f"{values.get('lossless_identical')}/{values.get('lossless_checked')}"
+    if not passed and values.get("lossless_up_to_rounding"):
+        return f"up to rounding ({counts} identical)"
+    return f"{'passed' if passed else 'FAILED'} {counts}"
 
 
 def render_markdown(report: dict[str, Any]) -> str:

@@ -410,7 +410,8 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
 
 
 def _measured(overall: dict[str, Any]) -> dict[str, Any]:
-    return {k: overall.get(k) for k in ("tau", "tokens_per_s", "baseline_tokens_per_s", "speedup_ratio_of_totals")}
+    return {k: overall.get(k) for k in ("tau", "tokens_per_s", "baseline_tokens_per_s", "speedup_ratio_of_totals",
+                                        "lossless_check")}
 
 
 def _profile_label(profile: CostProfile, kind: str, source_dir: Path) -> str:
@@ -524,6 +525,8 @@ def print_result(result: TuneResult, profile: CostProfile) -> None:
                      f"{m['tau']:.2f}); speedup prediction error "
                      f"{prediction_error(c.speedup, m['speedup_ratio_of_totals']):+.1%}")
         print(line)
+        if m.get("lossless_check"):
+            print(f"  lossless: {m['lossless_check']}")
     print("measured tok/s come from the confirming evals (plain and speculative interleaved per prompt in one "
           "process); on a shared machine the absolute speed drifts with load, so compare the speedups")
 
