@@ -226,8 +226,14 @@ def test_two_processes_are_the_same_step_as_one_big_micro_batch(family, folder):
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
         paths = [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(paths)}
-        run = subprocess.run([*torchrun, __file__, family, str(out), mode], capture_output=True, text=True, env=env,
-                             timeout=600)
+        for _ in range(2):
+            run = subprocess.run([*torchrun, __file__, family, str(out), mode], capture_output=True, text=True,
+                                 env=env, timeout=600)
+            # A worker killed by SIGABRT with "terminate called without an active exception" is the C++ runtime of
+            # the launcher/gloo aborting (seen once in CI on 2026-12-04, never in 24 local reruns), not the
+            # property under test: one retry; any other failure, or a second abort, fails.
+            if run.returncode == 0 or "terminate called without an active exception" not in run.stderr:
+                break
         assert run.returncode == 0, run.stderr[-3000:]
         return torch.load(out)
 
