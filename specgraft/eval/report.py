@@ -281,8 +281,8 @@ def lossless_summary(records: Sequence[TurnRecord], greedy: bool) -> dict[str, A
     identical = sum(per_prompt.values())
     failed = sorted(pid for (_, pid), ok in per_prompt.items() if not ok)
     listed = f"{', '.join(failed[:5])}{' ...' if len(failed) > 5 else ''}"
-    gaps = [g for r in records if not r.identical for g in (r.spec_gap_ulps,) if g is not None]
-    base_gaps = [g for r in records if not r.identical for g in (r.base_gap_ulps,) if g is not None]
+    gaps = [r.spec_gap_ulps for r in records if r.spec_gap_ulps is not None]
+    base_gaps = [r.base_gap_ulps for r in records if r.base_gap_ulps is not None]
     up_to_rounding = all(rounding.values())
     if identical == checked:
         text = f"passed ({identical}/{checked} prompts token-identical to plain greedy decoding)"

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from specgraft.eval.kv import model_device
+
 #: Largest top-logit gap (in ulps of the model's dtype) that still counts as a rounding tie.
 ROUNDING_TIE_ULPS = 2.0
 
@@ -40,8 +42,7 @@ def greedy_gap_ulps(model: Any, prompt_ids: Sequence[int], answer_ids: Sequence[
     teacher-forced forward of ``prompt_ids + answer_ids`` (0.0 for an empty answer)."""
     if not answer_ids:
         return 0.0
-    param = next(model.parameters())
-    ids = torch.tensor([*prompt_ids, *answer_ids], dtype=torch.long, device=param.device)
+    ids = torch.tensor([*prompt_ids, *answer_ids], dtype=torch.long, device=model_device(model))
     # The last A positions of prompt + answer[:-1] predict answer[0..A-1]: [A, V] in the model's dtype, the
     # values the decoders compared.
     logits = model(input_ids=ids[None, :-1], logits_to_keep=len(answer_ids)).logits[0, -len(answer_ids):]

@@ -285,10 +285,7 @@ def load_head_for_decoding(target: Target, path: str | Path) -> DraftHead:
     draft (on a CPU with native bf16 matmuls, e.g. Intel AMX, that halves the bytes a draft step reads). Lossless
     either way: the verifier accepts only what the target itself would emit."""
     head = load_head(target, path)
-    dtype = head.target.dtype
-    if dtype.is_floating_point and any(p.is_floating_point() and p.dtype != dtype for p in head.parameters()):
-        head.to(dtype=dtype)
-    return head
+    return head.to(dtype=head.target.dtype)  # floating tensors only; a no-op for an fp32 target
 
 
 def merged_target(target: Target, adapter_path: Path) -> Target:

@@ -149,7 +149,7 @@ class EagleHead(EagleHeadBase):
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """[.., h] draft features -> [.., V] logits through the target's frozen lm_head (and logit soft-cap)."""
-        return self.target.logits_from_hidden(features.to(self.target.dtype)).to(features.dtype)
+        return self.target.logits_from_hidden(features).to(features.dtype)
 
     def draft_forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                       attention_mask: torch.Tensor | None, cache: Any = None) -> tuple[torch.Tensor, torch.Tensor]:

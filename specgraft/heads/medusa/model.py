@@ -122,7 +122,7 @@ class MedusaHead(DraftHead):
         x = self.blocks[k](hidden.to(self._param_dtype()))
         if self.lm_heads is None:
             # The borrowed lm_head (and Gemma's soft-capping) in the target's dtype; gradients still reach x.
-            return self.target.logits_from_hidden(x.to(self.target.dtype))
+            return self.target.logits_from_hidden(x)
         logits = self.lm_heads[k](x)
         if self._softcap:
             # Same soft-capping as the target's own logits (a fresh head then reproduces them exactly).
