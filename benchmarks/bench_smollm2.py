@@ -206,7 +206,8 @@ def evaluate(work: Path, target: Path, drafter: str, product: Path, setting: str
         run_stage(f"eval-{drafter}-{setting}", specgraft(
             "eval", "--target", str(target), *which, *flags, "--prompts", str(SPEC_BENCH),
             "--limit-per-domain", str(args.limit_per_domain), "--max-new-tokens", str(args.max_new_tokens),
-            "--threads", str(args.threads), "--dtype", args.dtype, "--warmup", "1", "--no-progress", "--out", str(out)),
+            "--threads", str(args.threads), "--dtype", args.dtype, "--attention-kernel", args.attention_kernel,
+            "--warmup", "1", "--no-progress", "--out", str(out)),
             work / "logs" / f"eval-{out.name}.log")
     return json.loads(report.read_text(encoding="utf-8"))
 
@@ -272,6 +273,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="the target's dtype in every stage (bfloat16 where the CPU multiplies it natively, "
                              "e.g. Intel AMX: `specgraft profile --dtype bfloat16` tells)")
+    parser.add_argument("--attention-kernel", choices=("stock", "exact"), default="stock",
+                        help="the evals' target attention: exact makes bf16 answers token-identical to plain "
+                             "decoding (specgraft.eval.exact_attention)")
     args = parser.parse_args()
     args.override = parse_overrides(args.override)
     if not SPEC_BENCH.is_file():

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError
+from specgraft.eval.exact_attention import add_attention_kernel_argument, apply_attention_kernel
 from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kernel
 from specgraft.eval.loading import check_device, device_and_dtype, load_draft_model  # noqa: F401 (re-exported)
 from specgraft.eval.settings import EvalSettings
@@ -90,6 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_threads_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_linear_kernel_argument(parser)
+    add_attention_kernel_argument(parser)
 
 
 # -- drafters ---------------------------------------------------------------------------------------------------------
@@ -236,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
     drafter, info, target = build_drafter(args, target, dtype, device)
     # After the drafter is built: a Medusa-2 head brings its own merged target, and every module it decodes with
     # (target, head, draft model) must run the same kernels as plain decoding.
+    info["attention_kernel"] = apply_attention_kernel(args.attention_kernel, target.model)
     info["linear_kernel"] = apply_linear_kernel(args.linear_kernel, device, dtype, target.model,
                                                *drafter.modules())
     logger.info("evaluating %s drafter (%s) on %d prompts from %d file(s)", info["type"], info["mode"], len(prompts),

@@ -35,6 +35,7 @@ from typing import Any
 
 from specgraft.errors import SpecgraftError
 from specgraft.eval.drafter import DraftContext, Drafter
+from specgraft.eval.exact_attention import add_attention_kernel_argument, apply_attention_kernel, attention_kernel_of
 from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kernel
 from specgraft.eval.search import monotone
 from specgraft.eval.tree import DraftTree
@@ -73,6 +74,8 @@ class CostProfile:
         drafters: ``{label: {"kind": ..., "path": ..., <setting tables>}}`` (see the module docstring).
         linear_kernel: the decode-time matmul layout the times were measured with (``stock`` or ``weight-major``,
             see :mod:`specgraft.eval.kernels`); profiles written before it existed read as ``stock``.
+        attention_kernel: the target's decode-time attention (``stock`` or ``exact``, see
+            :mod:`specgraft.eval.exact_attention`); older profiles read as ``stock``.
     """
 
     device: str
@@ -86,6 +89,7 @@ class CostProfile:
     forward_s: dict[int, float] = field(default_factory=dict)
     drafters: dict[str, dict[str, Any]] = field(default_factory=dict)
     linear_kernel: str = "stock"
+    attention_kernel: str = "stock"
     version: int = PROFILE_VERSION
 
     # -- serialisation -------------------------------------------------------------------------------------
@@ -111,7 +115,8 @@ class CostProfile:
                        kv_length=int(data["kv_length"]), step_s=step,
                        forward_s={int(n): float(s) for n, s in (data.get("forward_s") or {}).items()},
                        drafters=dict(data.get("drafters") or {}),
-                       linear_kernel=str(data.get("linear_kernel", "stock")), version=int(data["version"]))
+                       linear_kernel=str(data.get("linear_kernel", "stock")),
+                       attention_kernel=str(data.get("attention_kernel", "stock")), version=int(data["version"]))
         except (TypeError, ValueError, AttributeError) as exc:
             raise SpecgraftError(f"{where} has malformed fields ({exc}); {fix}") from None
 
@@ -151,7 +156,7 @@ class CostProfile:
         return {"device": self.device, "device_name": self.device_name, "dtype": self.dtype,
                 "threads": self.threads, "torch_version": self.torch_version, "kv_length": self.kv_length,
                 "target": self.target.get("name_or_path"), "plain_step_ms": round(self.plain_step_s * 1e3, 4),
-                "linear_kernel": self.linear_kernel}
+                "linear_kernel": self.linear_kernel, "attention_kernel": self.attention_kernel}
 
 
 def _interpolate(table: dict[int, float], x: int, what: str) -> float:
@@ -176,7 +181,8 @@ def device_description(device: str) -> str:
 
 
 def check_profile(profile: CostProfile, target_identity: dict[str, Any] | None, device: str | None,
-                  threads: int | None = None, linear_kernel: str | None = None) -> list[str]:
+                  threads: int | None = None, linear_kernel: str | None = None,
+                  attention_kernel: str | None = None) -> list[str]:
     """Warnings (each naming both sides) when ``profile`` was measured for another target or device."""
     warnings: list[str] = []
     if target_identity is not None:
@@ -200,6 +206,10 @@ def check_profile(profile: CostProfile, target_identity: dict[str, Any] | None, 
         warnings.append(f"the cost profile was measured with the {profile.linear_kernel} linear kernel but this run "
                         f"uses {linear_kernel}; re-run `specgraft profile` with --linear-kernel {linear_kernel}, or "
                         f"pass --linear-kernel {profile.linear_kernel} here")
+    if attention_kernel is not None and attention_kernel != profile.attention_kernel:
+        warnings.append(f"the cost profile was measured with the {profile.attention_kernel} attention kernel but this "
+                        f"run uses {attention_kernel}; re-run `specgraft profile` with --attention-kernel "
+                        f"{attention_kernel}, or pass --attention-kernel {profile.attention_kernel} here")
     return warnings
 
 
@@ -522,7 +532,7 @@ def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_le
     return CostProfile(device=str(device), device_name=device_description(str(device)), dtype=str(dtype),
                        threads=int(threads), torch_version=str(torch.__version__), target=target.identity.to_dict(),
                        kv_length=int(kv_length), step_s=step, forward_s=forward, drafters=drafters,
-                       linear_kernel=str(linear_kernel))
+                       linear_kernel=str(linear_kernel), attention_kernel=attention_kernel_of(model))
 
 
 # -- CLI -----------------------------------------------------------------------------------------------------------
@@ -544,6 +554,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model dtype (default: float32 on CPU, bfloat16 on GPU)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     add_linear_kernel_argument(parser)
+    add_attention_kernel_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -565,6 +576,7 @@ def run(args: argparse.Namespace) -> int:
         head = load_head_for_decoding(target, head_dir)
         heads.append((str(head_dir), head, head.head_type))
     drafts = [(str(path), load_draft_model(path, target, dtype, device)[0]) for path in args.draft]
+    apply_attention_kernel(args.attention_kernel, target.model)
     kernel = apply_linear_kernel(args.linear_kernel, device, dtype, target.model, *(h for _, h, _ in heads),
                                  *(d for _, d in drafts))
     profile = measure_profile(target, device=device, dtype=dtype, threads=torch.get_num_threads(),
@@ -573,7 +585,8 @@ def run(args: argparse.Namespace) -> int:
     profile.save(args.out)
     base = profile.plain_step_s
     print(f"device: {profile.device} ({profile.device_name}), {profile.dtype}, {profile.threads} thread(s), "
-          f"KV length {profile.kv_length}, {profile.linear_kernel} linear kernel")
+          f"KV length {profile.kv_length}, {profile.linear_kernel} linear kernel, {profile.attention_kernel} "
+          "attention")
     print("tokens verified | chain step (x plain) | tree step (x plain)")
     for n in sorted(profile.step_s["chain"]):
         tree = profile.step_s["tree"].get(n)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from specgraft.errors import SpecgraftError
-from specgraft.eval import kv
+from specgraft.eval import exact_attention, kv
 from specgraft.eval.drafter import DraftContext, Drafter
 from specgraft.eval.tree import DraftTree, TreeStructure, prune_to_depth
 from specgraft.eval.verify import SamplingParams, greedy_verdict, process_logits, verify_sampling
@@ -181,6 +181,7 @@ class SpeculativeDecoder:
         self.model, self.tokenizer = _unwrap(model, tokenizer)
         self.sampling = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
         self.layout = kv.attention_layout(self.model)
+        self.exact_rows = exact_attention.uses_exact_attention(self.model)
         config = kv.text_config(self.model)
         self.vocab_size = int(config.vocab_size)
         self.num_layers = int(config.num_hidden_layers)
@@ -259,7 +260,24 @@ class SpeculativeDecoder:
             root = token_buffer[past : length]  # [1]
             node_tokens = tree.tokens.clamp(0, self.vocab_size - 1)  # out-of-range ids are flagged, not embedded
             ids = torch.cat([root, node_tokens]).unsqueeze(0)  # [1, n+1]
-            if structure.chain:
+            if self.exact_rows:
+                # Row-exact attention: each row attends to its own keys in logical order, computed as one-token
+                # decoding computes them (specgraft.eval.exact_attention); no mask is needed.
+                # The tree mask is passed too, so that a model whose forward does not hand keyword arguments on to
+                # its attention still verifies correctly (through sdpa), only not bit-exactly.
+                pos = mask = None
+                if structure.chain:
+                    rows = exact_attention.chain_row_keys(past, n + 1, self.device)
+                else:
+                    rows = exact_attention.row_keys(past, structure.row_paths(self.device),
+                                                    structure.row_depths(self.device))
+                    positions = structure.row_depths(self.device) + past  # [n+1]
+                    key_pos = torch.cat([torch.arange(past, device=self.device), positions])
+                    mask = self.layout.tree_mask(structure, past, positions, key_pos, self.dtype)
+                    pos = positions.unsqueeze(0)
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+                                 output_hidden_states=bool(needs), **{exact_attention.ROWS_KWARG: rows})
+            elif structure.chain:
                 # [root] + a chain is an ordinary causal continuation: the model's own causal (and sliding-window)
                 # mask and default positions equal the tree mask, and its fused causal attention path is faster.
                 out = self.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(needs))

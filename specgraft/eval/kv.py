@@ -22,10 +22,12 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specgraft.errors import SpecgraftError
+from specgraft.eval.exact_attention import EXACT_ATTENTION
 from specgraft.eval.tree import TreeStructure, additive_mask, visibility
 
-#: Attention kernels that honour an arbitrary 4D additive mask.
-MASKABLE_ATTENTION = ("eager", "sdpa")
+#: Attention kernels that honour an arbitrary 4D additive mask (the exact one takes row layouts instead, and sdpa's
+#: masks where it has none).
+MASKABLE_ATTENTION = ("eager", "sdpa", EXACT_ATTENTION)
 _SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 

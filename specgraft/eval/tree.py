@@ -102,6 +102,17 @@ class TreeStructure:
         """[n+1] int64 depth of each verification row (0 for the root): position offsets after the prefix."""
         return self._cached("row_depths", device, lambda: torch.tensor((0,) + self.depths, dtype=torch.long))
 
+    def row_paths(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """[n+1, D+1] int64 verification rows of each row's root-to-row path, root (row 0) first, padded with 0
+        after the row itself (row ``r``'s path has ``row_depths()[r] + 1`` entries)."""
+        def build() -> torch.Tensor:
+            out = torch.zeros(self.size + 1, self.max_depth + 1, dtype=torch.long)
+            for node in range(self.size):
+                path = [0] + [i + 1 for i in self.path_to(node)]
+                out[node + 1, : len(path)] = torch.tensor(path, dtype=torch.long)
+            return out
+        return self._cached("row_paths", device, build)
+
     def node_depths(self, device: torch.device | str | None = None) -> torch.Tensor:
         """[n] int64 depth of each node."""
         return self._cached("node_depths", device, lambda: torch.tensor(self.depths, dtype=torch.long))

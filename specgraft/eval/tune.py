@@ -31,6 +31,7 @@ from typing import Any
 from specgraft.errors import SpecgraftError
 from specgraft.eval.acceptance import reach_rates
 from specgraft.eval.cost import CostProfile, check_fits, check_profile
+from specgraft.eval.exact_attention import add_attention_kernel_argument, apply_attention_kernel, attention_kernel_of
 from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kernel
 from specgraft.eval.search import MAX_TREE_TOKENS, section_table
 from specgraft.utils.io import atomic_write_json, read_json_meta
@@ -299,6 +300,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="model dtype")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
     add_linear_kernel_argument(parser)
+    add_attention_kernel_argument(parser)
 
 
 def drafter_for(kind: str, head_or_draft: Any, setting: dict[str, Any]) -> Any:
@@ -343,7 +345,8 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
 
     if not prompts:
         raise SpecgraftError("tuning needs calibration prompts; pass --prompts FILE (the prompts you will serve)")
-    warnings = check_profile(profile, target.identity.to_dict(), str(target.device), linear_kernel=linear_kernel)
+    warnings = check_profile(profile, target.identity.to_dict(), str(target.device), linear_kernel=linear_kernel,
+                             attention_kernel=attention_kernel_of(target.model))
     for message in warnings:
         logger.warning("%s", message)
     default_setting = dict(DRAFT_MODEL_DEFAULT)
@@ -484,6 +487,7 @@ def run(args: argparse.Namespace) -> int:
         source = load_draft_model(str(args.draft), target, dtype, device)[0]
         head_type, kind = "draft_model", "draft_model"
         heads, drafts = [], [(str(args.draft), source)]
+    apply_attention_kernel(args.attention_kernel, target.model)
     kernel = apply_linear_kernel(args.linear_kernel, device, dtype, target.model, source)
     if profile is None:
         import torch

@@ -1,0 +1,222 @@
+"""Row-exact attention: verification rows computed bit for bit as plain one-token decoding computes them.
+
+Speculative decoding is lossless in exact arithmetic, but a fused attention kernel does not compute a query row the
+same way when the call holds one query as when it holds sixteen: the key dimension it reduces over grows by the
+tree's masked keys, its blocking follows the call's shape, and a bf16 logit that sits on a rounding tie flips.
+Measured on SmolLM2-135M-Instruct in bf16 (2 threads, Intel Xeon): the logits of every row of a 4-16-token
+verification differ from one-token decoding (by up to 0.56, several bf16 ulps at logit 26) in both transformers'
+``sdpa`` and ``eager`` attention, and 13 of 16 MT-bench answers diverge from plain greedy decoding, every one at
+a token within 2 ulps of the top logit. In fp32 the differences are ~3e-5 and the answers happen to agree.
+
+This module is an attention implementation, registered with transformers' public ``AttentionInterface``, whose
+result for a query row depends only on the keys that row sees, in their logical order, and not on the other rows of
+the call, the masked keys, or where the row's ancestors sit in the cache:
+
+* each row's keys are split into fixed blocks of :data:`KEY_BLOCK` logical positions (a row's position ``j`` is its
+  ``j``-th visible key: the committed prefix, then the root-to-row path of the tree);
+* whole blocks of the shared prefix are multiplied for every row at once; the row's last, partial blocks (the
+  prefix's remainder and its path, gathered into logical order) per row; every product has the same shape per
+  row whatever the number of rows (the rows only stack along the matmul's M dimension, which MKL and oneDNN
+  compute row-independently: ``tests/eval/test_exact_attention.py`` pins it);
+* the softmax maximum is exact; the exponentials are element-wise; the normaliser and the weighted values are
+  summed within a block over its fixed :data:`KEY_BLOCK` entries (masked entries are exact zeros) and across
+  blocks by a sequential ``cumsum``, so trailing empty blocks add exact zeros;
+* arithmetic is in fp32 whatever the model's dtype (bf16 models get fp32 attention, then the output rounded back).
+
+Plain decoding (the same decoder with no drafter) runs the same function with one row, so a verification row and the
+one-token step that plain decoding takes at that position compute identical logits: with greedy decoding the
+speculative answer is token-identical to plain decoding in bf16 too, by construction rather than by margin. The
+prompt's prefill (no row layout passed) goes through transformers' ``sdpa`` unchanged: plain and speculative
+decoding prefill the same prompt in the same call.
+
+Cost: some 20 small ops per layer instead of one fused call (measured in the README's bf16 section); selected with
+``--attention-kernel exact`` on ``specgraft eval`` / ``tune`` / ``profile``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specgraft.errors import SpecgraftError
+
+EXACT_ATTENTION = "specgraft_exact"
+"""The name the implementation is registered under (``model.config._attn_implementation``)."""
+
+KEY_BLOCK = 64
+"""Logical key positions per block. Any fixed size is exact; 64 keeps the per-row tail (at most one block of the
+prefix plus the path) small while the prefix products stay a few large matmuls."""
+
+ATTENTION_KERNELS = ("stock", "exact")
+"""``--attention-kernel`` choices: ``stock`` keeps the model's attention (sdpa); ``exact`` is this module's."""
+
+ROWS_KWARG = "specgraft_rows"
+"""The keyword the decoder passes a :class:`RowKeys` under; transformers forwards it to every attention call."""
+
+
+@dataclass(frozen=True)
+class RowKeys:
+    """Which cached keys each query row of one forward attends to, in logical order.
+
+    The forward appends ``q`` rows after ``past`` cached positions. Row ``i`` sees the whole prefix ``[0, past)``
+    and then the rows of its root-to-row path (``past + path[i]``).
+
+    Attributes:
+        past: cached positions before this forward.
+        shared: ``(past // KEY_BLOCK) * KEY_BLOCK``: keys ``[0, shared)`` are whole blocks every row sees.
+        tail_index: [q, T] int64 cache positions of each row's remaining keys (``T`` a multiple of KEY_BLOCK;
+            padding points at position 0 and is masked).
+        tail_valid: [q, T] bool, False on padding.
+    """
+
+    past: int
+    shared: int
+    tail_index: torch.Tensor
+    tail_valid: torch.Tensor
+
+
+def row_keys(past: int, paths: torch.Tensor, depths: torch.Tensor) -> RowKeys:
+    """The :class:`RowKeys` of rows whose root-to-row paths are ``paths`` after ``past`` cached positions.
+
+    Args:
+        past: cached positions before the forward.
+        paths: [q, D+1] int64 row indices (0 = the first new row) of each row's path, root first; entries past
+            ``depths[i]`` are ignored.
+        depths: [q] int64 depth of each row (its path has ``depth + 1`` rows).
+    """
+    if past < 0:
+        raise SpecgraftError(f"past length {past} is negative")
+    device = paths.device
+    shared = (past // KEY_BLOCK) * KEY_BLOCK
+    remainder = past - shared  # prefix keys after the last whole block
+    width = remainder + paths.shape[1]
+    padded = -(-width // KEY_BLOCK) * KEY_BLOCK
+    t = torch.arange(padded, device=device)  # [T] logical offset after `shared`
+    in_prefix = t < remainder
+    step = (t - remainder).clamp(0, paths.shape[1] - 1)  # [T] index into the path
+    in_path = (t >= remainder).unsqueeze(0) & ((t - remainder).unsqueeze(0) <= depths.unsqueeze(1))  # [q, T]
+    path_rows = paths.index_select(1, step)  # [q, T]
+    index = torch.where(in_prefix.unsqueeze(0), shared + t.unsqueeze(0), past + path_rows)
+    valid = in_prefix.unsqueeze(0) | in_path
+    return RowKeys(past=past, shared=shared, tail_index=torch.where(valid, index, 0), tail_valid=valid)
+
+
+def chain_row_keys(past: int, length: int, device: torch.device | str | None = None) -> RowKeys:
+    """:func:`row_keys` for ``length`` rows that form a causal chain (row ``i`` sees rows ``0..i``)."""
+    idx = torch.arange(length, device=device)
+    paths = torch.where(idx.unsqueeze(0) <= idx.unsqueeze(1), idx.unsqueeze(0), 0)  # [q, q]
+    return row_keys(past, paths, idx)
+
+
+def exact_attention_forward(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """A transformers attention function (see the module docstring).
+
+    Shapes: query [1, H, q, d], key/value [1, KVH, past + q, d] (the cache after this forward's rows were
+    appended); returns ([1, q, H, d], None) like transformers' own implementations. Without a
+    :class:`RowKeys` under :data:`ROWS_KWARG` (a prompt's prefill, or a caller that is not the decoder) it is
+    transformers' ``sdpa``.
+    """
+    rows: RowKeys | None = kwargs.pop(ROWS_KWARG, None)
+    if rows is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    batch, heads, q, dim = query.shape
+    kv_heads = key.shape[1]
+    if batch != 1 or heads % kv_heads or key.shape[2] != rows.past + q or rows.tail_index.shape[0] != q:
+        raise SpecgraftError(f"exact attention got query {tuple(query.shape)} and keys {tuple(key.shape)} for a row "
+                             f"layout of {rows.tail_index.shape[0]} rows after {rows.past} positions; it decodes one "
+                             "sequence at a time through specgraft's decoder")
+    group = heads // kv_heads
+    scale = dim ** -0.5 if scaling is None else float(scaling)
+    shared, blocks = rows.shared, rows.shared // KEY_BLOCK
+    tail = rows.tail_index.shape[1]
+    qf = (query[0].float() * scale).view(kv_heads, group, q, dim).transpose(1, 2)  # [KVH, q, G, d]
+    kf, vf = key[0].float(), value[0].float()  # [KVH, L, d]
+    flat = rows.tail_index.reshape(-1)
+    k_tail = kf.index_select(1, flat).view(kv_heads, q, tail, dim)
+    v_tail = vf.index_select(1, flat).view(kv_heads, q, tail // KEY_BLOCK, KEY_BLOCK, dim)
+    s_tail = torch.matmul(qf, k_tail.transpose(-1, -2))  # [KVH, q, G, T]
+    s_tail.masked_fill_(~rows.tail_valid.view(1, q, 1, tail), float("-inf"))
+    top = s_tail.amax(-1, keepdim=True)  # [KVH, q, G, 1]; every row sees at least itself
+    if blocks:
+        s_shared = torch.matmul(qf.reshape(kv_heads, q * group, dim), kf[:, :shared].transpose(-1, -2))
+        s_shared = s_shared.view(kv_heads, q, group, shared)
+        top = torch.maximum(top, s_shared.amax(-1, keepdim=True))
+    p_tail = torch.exp(s_tail - top).view(kv_heads, q, group, tail // KEY_BLOCK, KEY_BLOCK)
+    sums = [p_tail.sum(-1)]  # [KVH, q, G, blocks]
+    # [KVH, q, blocks, G, d]: per block, the G query heads of a row times that block's values
+    outs = [torch.matmul(p_tail.transpose(2, 3), v_tail)]
+    if blocks:
+        p_shared = torch.exp(s_shared - top).view(kv_heads, q * group, blocks, KEY_BLOCK)
+        sums.insert(0, p_shared.view(kv_heads, q, group, blocks, KEY_BLOCK).sum(-1))
+        o_shared = torch.matmul(p_shared.transpose(1, 2), vf[:, :shared].view(kv_heads, blocks, KEY_BLOCK, dim))
+        # [KVH, blocks, q*G, d] -> [KVH, q, blocks, G, d]
+        outs.insert(0, o_shared.view(kv_heads, blocks, q, group, dim).permute(0, 2, 1, 3, 4))
+    # Across blocks in logical order, one at a time: trailing all-padding blocks add exact zeros.
+    total = torch.cat(sums, dim=-1).cumsum(-1)[..., -1:]  # [KVH, q, G, 1]
+    weighted = torch.cat(outs, dim=2).cumsum(2)[:, :, -1]  # [KVH, q, G, d]
+    out = (weighted / total).permute(1, 0, 2, 3).reshape(1, q, heads, dim)
+    return out.to(query.dtype), None
+
+
+def register_exact_attention() -> None:
+    """Register :func:`exact_attention_forward` with transformers (idempotent; called when a model switches)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(EXACT_ATTENTION, exact_attention_forward)
+    # Masks as for sdpa: the prefill (and any caller without a row layout) runs sdpa with them.
+    ALL_MASK_ATTENTION_FUNCTIONS.register(EXACT_ATTENTION, sdpa_mask)
+
+
+def uses_exact_attention(model: Any) -> bool:
+    """True when ``model`` runs :data:`EXACT_ATTENTION` (the decoder then passes row layouts)."""
+    return getattr(model.config, "_attn_implementation", None) == EXACT_ATTENTION
+
+
+def attention_kernel_of(model: Any) -> str:
+    """``exact`` or ``stock``: the ``--attention-kernel`` ``model`` runs (what cost profiles record)."""
+    return "exact" if uses_exact_attention(model) else "stock"
+
+
+def add_attention_kernel_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--attention-kernel {stock,exact}`` to a decoding command."""
+    parser.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default="stock",
+                        help="stock: the target's own attention (sdpa); exact: verification rows computed bit for "
+                             "bit like one-token decoding, so greedy answers are token-identical to plain decoding "
+                             "in bf16 too (a few ms more per forward; the prefill stays sdpa)")
+
+
+def apply_attention_kernel(choice: str, model: Any) -> str:
+    """Switch the target ``model`` to the ``--attention-kernel`` ``choice``; returns the choice."""
+    if choice not in ATTENTION_KERNELS:
+        raise SpecgraftError(f"--attention-kernel {choice!r} is not one of {', '.join(ATTENTION_KERNELS)}")
+    if choice == "stock":
+        return choice
+    from specgraft.eval.kv import attention_layout, text_config
+
+    layout = attention_layout(model)
+    config = text_config(model)
+    if layout.sliding_window is not None or layout.kinds != ("full_attention",):
+        raise SpecgraftError("--attention-kernel exact supports full-attention models only (this one has "
+                             "sliding-window layers); use --attention-kernel stock")
+    if getattr(config, "attn_logit_softcapping", None) or getattr(config, "use_alibi", False):
+        raise SpecgraftError("--attention-kernel exact does not implement logit soft-capping or ALiBi; use "
+                             "--attention-kernel stock")
+    register_exact_attention()
+    model.set_attn_implementation(EXACT_ATTENTION)
+    return choice
