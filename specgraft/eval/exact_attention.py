@@ -24,10 +24,13 @@ the call, the masked keys, or where the row's ancestors sit in the cache:
 * arithmetic is in fp32 whatever the model's dtype (bf16 models get fp32 attention, then the output rounded back).
 
 Plain decoding (the same decoder with no drafter) runs the same function with one row, so a verification row and the
-one-token step that plain decoding takes at that position compute identical logits: with greedy decoding the
-speculative answer is token-identical to plain decoding in bf16 too, by construction rather than by margin. The
-prompt's prefill (no row layout passed) goes through transformers' ``sdpa`` unchanged: plain and speculative
-decoding prefill the same prompt in the same call.
+one-token step that plain decoding takes at that position get identical attention outputs. The rest of the forward
+is row-wise (norms, rotary embeddings, MLP) apart from the linear layers, whose products must then also compute a
+row the same way at 1 and at N rows: oneDNN's bf16 GEMM does on the Intel Xeon (AMX) measured here, so with
+greedy decoding the speculative answer is token-identical to plain bf16 decoding by construction rather than by
+margin. MKL's fp32 GEMM does not (at 4+ rows it switches kernels: a q_proj row differs by ~1e-6), so fp32 stays
+identical by margin only, as before. The prompt's prefill (no row layout passed) goes through transformers'
+``sdpa`` unchanged: plain and speculative decoding prefill the same prompt in the same call.
 
 Cost: some 20 small ops per layer instead of one fused call (measured in the README's bf16 section); selected with
 ``--attention-kernel exact`` on ``specgraft eval`` / ``tune`` / ``profile``.
@@ -42,13 +45,12 @@ from typing import Any
 import torch
 
 from specgraft.errors import SpecgraftError
+from specgraft.eval.kv import EXACT_ATTENTION, attention_layout, text_config
 
-EXACT_ATTENTION = "specgraft_exact"
-"""The name the implementation is registered under (``model.config._attn_implementation``)."""
-
-KEY_BLOCK = 64
-"""Logical key positions per block. Any fixed size is exact; 64 keeps the per-row tail (at most one block of the
-prefix plus the path) small while the prefix products stay a few large matmuls."""
+KEY_BLOCK = 16
+"""Logical key positions per block. Any fixed size is exact. Each row gathers its own last one or two blocks (the
+prefix's remainder, then its path), so the gathered volume grows with the block: 16 timed faster than 32 and 64
+for 17-row trees at 200-600 cached positions on the 2-core CPU (``index_select`` dominated at 64)."""
 
 ATTENTION_KERNELS = ("stock", "exact")
 """``--attention-kernel`` choices: ``stock`` keeps the model's attention (sdpa); ``exact`` is this module's."""
@@ -166,11 +168,31 @@ def exact_attention_forward(
         o_shared = torch.matmul(p_shared.transpose(1, 2), vf[:, :shared].view(kv_heads, blocks, KEY_BLOCK, dim))
         # [KVH, blocks, q*G, d] -> [KVH, q, blocks, G, d]
         outs.insert(0, o_shared.view(kv_heads, blocks, q, group, dim).permute(0, 2, 1, 3, 4))
-    # Across blocks in logical order, one at a time: trailing all-padding blocks add exact zeros.
-    total = torch.cat(sums, dim=-1).cumsum(-1)[..., -1:]  # [KVH, q, G, 1]
-    weighted = torch.cat(outs, dim=2).cumsum(2)[:, :, -1]  # [KVH, q, G, d]
-    out = (weighted / total).permute(1, 0, 2, 3).reshape(1, q, heads, dim)
+    # Across blocks by a fixed pairwise tree over block indices: trailing all-padding blocks add exact zeros.
+    total = pairwise_sum(torch.cat(sums, dim=-1), dim=-1)  # [KVH, q, G]
+    weighted = pairwise_sum(torch.cat(outs, dim=2), dim=2)  # [KVH, q, G, d]
+    out = (weighted / total.unsqueeze(-1)).permute(1, 0, 2, 3).reshape(1, q, heads, dim)
     return out.to(query.dtype), None
+
+
+def pairwise_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum ``x`` over ``dim`` by a fixed binary tree over the indices, zero-padded to a power of two.
+
+    The grouping of index ``i`` depends on ``i`` alone: appending zeros (a longer padded call) leaves every partial
+    sum as it was and adds exact zeros, so the same leading values give the same bits whatever the length. (A
+    library reduction may regroup by length, vectorise differently, or cascade.) ``dim`` must count from the start
+    or be negative; returns ``x`` with ``dim`` removed.
+    """
+    dim = dim % x.dim()
+    size = x.shape[dim]
+    width = 1 << max(size - 1, 0).bit_length()
+    if width > size:
+        pad = list(x.shape)
+        pad[dim] = width - size
+        x = torch.cat([x, x.new_zeros(pad)], dim=dim)
+    while x.shape[dim] > 1:
+        x = x.narrow(dim, 0, x.shape[dim] // 2) + x.narrow(dim, x.shape[dim] // 2, x.shape[dim] // 2)
+    return x.squeeze(dim)
 
 
 def register_exact_attention() -> None:
@@ -207,8 +229,6 @@ def apply_attention_kernel(choice: str, model: Any) -> str:
         raise SpecgraftError(f"--attention-kernel {choice!r} is not one of {', '.join(ATTENTION_KERNELS)}")
     if choice == "stock":
         return choice
-    from specgraft.eval.kv import attention_layout, text_config
-
     layout = attention_layout(model)
     config = text_config(model)
     if layout.sliding_window is not None or layout.kinds != ("full_attention",):

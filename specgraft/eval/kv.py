@@ -22,8 +22,11 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specgraft.errors import SpecgraftError
-from specgraft.eval.exact_attention import EXACT_ATTENTION
 from specgraft.eval.tree import TreeStructure, additive_mask, visibility
+
+EXACT_ATTENTION = "specgraft_exact"
+"""The name :mod:`specgraft.eval.exact_attention` registers its kernel under (``config._attn_implementation``); kept
+here, below that module, so that the two import in one direction."""
 
 #: Attention kernels that honour an arbitrary 4D additive mask (the exact one takes row layouts instead, and sdpa's
 #: masks where it has none).

@@ -156,3 +156,16 @@ def test_a_batch_or_a_mismatched_layout_is_refused():
     with pytest.raises(SpecgraftError, match="one sequence at a time"):
         exact_attention_forward(MODULE, torch.randn(1, KV_HEADS * GROUP, 3, DIM), keys[:1], keys[:1], None,
                                 **{ROWS_KWARG: rows})
+
+
+def test_pairwise_sum_is_unchanged_by_trailing_zeros_and_exact_to_rounding():
+    from specgraft.eval.exact_attention import pairwise_sum
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 11, 5)
+    base = pairwise_sum(x, dim=1)
+    for extra in (1, 5, 21):
+        padded = torch.cat([x, torch.zeros(3, extra, 5)], dim=1)
+        assert torch.equal(pairwise_sum(padded, dim=1), base)
+    torch.testing.assert_close(base.double(), x.double().sum(1), atol=1e-5, rtol=1e-5)
+    assert torch.equal(pairwise_sum(x[:, :1], dim=-2), x[:, 0])
