@@ -16,11 +16,12 @@ the call, the masked keys, or where the row's ancestors sit in the cache:
   ``j``-th visible key: the committed prefix, then the root-to-row path of the tree);
 * whole blocks of the shared prefix are multiplied for every row at once; the row's last, partial blocks (the
   prefix's remainder and its path, gathered into logical order) per row; every product has the same shape per
-  row whatever the number of rows (the rows only stack along the matmul's M dimension, which MKL and oneDNN
-  compute row-independently: ``tests/eval/test_exact_attention.py`` pins it);
+  row whatever the number of rows (the rows only stack along the batched matmul's M dimension, which these small
+  fp32 products compute row-independently: ``tests/eval/test_exact_attention.py`` pins it on the machine it runs
+  on);
 * the softmax maximum is exact; the exponentials are element-wise; the normaliser and the weighted values are
   summed within a block over its fixed :data:`KEY_BLOCK` entries (masked entries are exact zeros) and across
-  blocks by a sequential ``cumsum``, so trailing empty blocks add exact zeros;
+  blocks by :func:`pairwise_sum`, a fixed tree over block indices, so trailing empty blocks add exact zeros;
 * arithmetic is in fp32 whatever the model's dtype (bf16 models get fp32 attention, then the output rounded back).
 
 Plain decoding (the same decoder with no drafter) runs the same function with one row, so a verification row and the

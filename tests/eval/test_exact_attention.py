@@ -169,3 +169,17 @@ def test_pairwise_sum_is_unchanged_by_trailing_zeros_and_exact_to_rounding():
         assert torch.equal(pairwise_sum(padded, dim=1), base)
     torch.testing.assert_close(base.double(), x.double().sum(1), atol=1e-5, rtol=1e-5)
     assert torch.equal(pairwise_sum(x[:, :1], dim=-2), x[:, 0])
+
+
+def test_profile_measured_with_another_attention_kernel_warns_naming_both():
+    from specgraft.eval.cost import CostProfile, check_profile
+
+    profile = CostProfile(device="cpu", device_name="x", dtype="bfloat16", threads=2, torch_version="2",
+                          target={}, kv_length=8, step_s={"chain": {1: 0.1}, "tree": {}}, attention_kernel="exact")
+    data = profile.to_dict()
+    assert CostProfile.from_dict(data).attention_kernel == "exact"
+    del data["attention_kernel"]
+    assert CostProfile.from_dict(data).attention_kernel == "stock"  # profiles from before the field
+    (message,) = check_profile(profile, None, None, attention_kernel="stock")
+    assert "exact attention kernel" in message and "uses stock" in message
+    assert check_profile(profile, None, None, attention_kernel="exact") == []
