@@ -19,9 +19,10 @@ the call, the masked keys, or where the row's ancestors sit in the cache:
   row whatever the number of rows (the rows only stack along the batched matmul's M dimension, which these small
   fp32 products compute row-independently: ``tests/eval/test_exact_attention.py`` pins it on the machine it runs
   on);
-* the softmax maximum is exact; the exponentials are element-wise; the normaliser and the weighted values are
-  summed within a block over its fixed :data:`KEY_BLOCK` entries (masked entries are exact zeros) and across
-  blocks by :func:`pairwise_sum`, a fixed tree over block indices, so trailing empty blocks add exact zeros;
+* the softmax maximum is exact; the exponentials are element-wise; the weighted values and the normaliser (a ones
+  column after the values, so one product gives both) are summed within a block over its fixed
+  :data:`KEY_BLOCK` entries (masked entries are exact zeros) and across blocks by :func:`pairwise_sum`, a fixed
+  tree over block indices, so trailing empty blocks add exact zeros;
 * arithmetic is in fp32 whatever the model's dtype (bf16 models get fp32 attention, then the output rounded back).
 
 Plain decoding (the same decoder with no drafter) runs the same function with one row, so a verification row and the
@@ -33,7 +34,7 @@ margin. MKL's fp32 GEMM does not (at 4+ rows it switches kernels: a q_proj row d
 identical by margin only, as before. The prompt's prefill (no row layout passed) goes through transformers'
 ``sdpa`` unchanged: plain and speculative decoding prefill the same prompt in the same call.
 
-Cost: some 20 small ops per layer instead of one fused call (measured in the README's bf16 section); selected with
+Cost: some 25 small ops per layer instead of one fused call (measured in the README's bf16 section); selected with
 ``--attention-kernel exact`` on ``specgraft eval`` / ``tune`` / ``profile``.
 """
 
@@ -73,12 +74,14 @@ class RowKeys:
         tail_index: [q, T] int64 cache positions of each row's remaining keys (``T`` a multiple of KEY_BLOCK;
             padding points at position 0 and is masked).
         tail_valid: [q, T] bool, False on padding.
+        tail_invalid: ``~tail_valid`` (built once per forward, read by every layer).
     """
 
     past: int
     shared: int
     tail_index: torch.Tensor
     tail_valid: torch.Tensor
+    tail_invalid: torch.Tensor
 
 
 def row_keys(past: int, paths: torch.Tensor, depths: torch.Tensor) -> RowKeys:
@@ -104,7 +107,8 @@ def row_keys(past: int, paths: torch.Tensor, depths: torch.Tensor) -> RowKeys:
     path_rows = paths.index_select(1, step)  # [q, T]
     index = torch.where(in_prefix.unsqueeze(0), shared + t.unsqueeze(0), past + path_rows)
     valid = in_prefix.unsqueeze(0) | in_path
-    return RowKeys(past=past, shared=shared, tail_index=torch.where(valid, index, 0), tail_valid=valid)
+    return RowKeys(past=past, shared=shared, tail_index=torch.where(valid, index, 0), tail_valid=valid,
+                   tail_invalid=~valid)
 
 
 def chain_row_keys(past: int, length: int, device: torch.device | str | None = None) -> RowKeys:
@@ -148,31 +152,32 @@ def exact_attention_forward(
     shared, blocks = rows.shared, rows.shared // KEY_BLOCK
     tail = rows.tail_index.shape[1]
     qf = (query[0].float() * scale).view(kv_heads, group, q, dim).transpose(1, 2)  # [KVH, q, G, d]
-    kf, vf = key[0].float(), value[0].float()  # [KVH, L, d]
+    kf = key[0].float()  # [KVH, L, d]
+    # A ones column after the values: each block's product then also sums its weights (the softmax normaliser),
+    # so one matmul and one block sum give both, computed alike.
+    vf = torch.nn.functional.pad(value[0].float(), (0, 1), value=1.0)  # [KVH, L, d + 1]
     flat = rows.tail_index.reshape(-1)
     k_tail = kf.index_select(1, flat).view(kv_heads, q, tail, dim)
-    v_tail = vf.index_select(1, flat).view(kv_heads, q, tail // KEY_BLOCK, KEY_BLOCK, dim)
+    v_tail = vf.index_select(1, flat).view(kv_heads, q, tail // KEY_BLOCK, KEY_BLOCK, dim + 1)
     s_tail = torch.matmul(qf, k_tail.transpose(-1, -2))  # [KVH, q, G, T]
-    s_tail.masked_fill_(~rows.tail_valid.view(1, q, 1, tail), float("-inf"))
+    s_tail.masked_fill_(rows.tail_invalid.view(1, q, 1, tail), float("-inf"))
     top = s_tail.amax(-1, keepdim=True)  # [KVH, q, G, 1]; every row sees at least itself
     if blocks:
         s_shared = torch.matmul(qf.reshape(kv_heads, q * group, dim), kf[:, :shared].transpose(-1, -2))
         s_shared = s_shared.view(kv_heads, q, group, shared)
         top = torch.maximum(top, s_shared.amax(-1, keepdim=True))
     p_tail = torch.exp(s_tail - top).view(kv_heads, q, group, tail // KEY_BLOCK, KEY_BLOCK)
-    sums = [p_tail.sum(-1)]  # [KVH, q, G, blocks]
-    # [KVH, q, blocks, G, d]: per block, the G query heads of a row times that block's values
-    outs = [torch.matmul(p_tail.transpose(2, 3), v_tail)]
+    # [KVH, q, blocks, G, d + 1]: per block, the G query heads of a row times that block's values (and ones),
+    # then blocks first: [KVH, blocks, q, G, d + 1]
+    outs = torch.matmul(p_tail.transpose(2, 3), v_tail).transpose(1, 2)
     if blocks:
         p_shared = torch.exp(s_shared - top).view(kv_heads, q * group, blocks, KEY_BLOCK)
-        sums.insert(0, p_shared.view(kv_heads, q, group, blocks, KEY_BLOCK).sum(-1))
-        o_shared = torch.matmul(p_shared.transpose(1, 2), vf[:, :shared].view(kv_heads, blocks, KEY_BLOCK, dim))
-        # [KVH, blocks, q*G, d] -> [KVH, q, blocks, G, d]
-        outs.insert(0, o_shared.view(kv_heads, blocks, q, group, dim).permute(0, 2, 1, 3, 4))
+        o_shared = torch.matmul(p_shared.transpose(1, 2),
+                                vf[:, :shared].view(kv_heads, blocks, KEY_BLOCK, dim + 1))  # [KVH, blocks, q*G, d+1]
+        outs = torch.cat([o_shared.view(kv_heads, blocks, q, group, dim + 1), outs], dim=1)
     # Across blocks by a fixed pairwise tree over block indices: trailing all-padding blocks add exact zeros.
-    total = pairwise_sum(torch.cat(sums, dim=-1), dim=-1)  # [KVH, q, G]
-    weighted = pairwise_sum(torch.cat(outs, dim=2), dim=2)  # [KVH, q, G, d]
-    out = (weighted / total.unsqueeze(-1)).permute(1, 0, 2, 3).reshape(1, q, heads, dim)
+    summed = pairwise_sum(outs, dim=1)  # [KVH, q, G, d + 1]
+    out = (summed[..., :dim] / summed[..., dim:]).permute(1, 0, 2, 3).reshape(1, q, heads, dim)
     return out.to(query.dtype), None
 
 
@@ -186,11 +191,13 @@ def pairwise_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
     """
     dim = dim % x.dim()
     size = x.shape[dim]
-    width = 1 << max(size - 1, 0).bit_length()
-    if width > size:
-        pad = list(x.shape)
-        pad[dim] = width - size
-        x = torch.cat([x, x.new_zeros(pad)], dim=dim)
+    half = (1 << max(size - 1, 0).bit_length()) // 2
+    if half and size > half:
+        # The first level of the tree over the zero-padded power of two, without materialising the zeros: index
+        # i < half adds index i + half where that exists, else an exact zero (nothing).
+        first = x.narrow(dim, 0, half).clone()
+        first.narrow(dim, 0, size - half).add_(x.narrow(dim, half, size - half))
+        x = first
     while x.shape[dim] > 1:
         x = x.narrow(dim, 0, x.shape[dim] // 2) + x.narrow(dim, x.shape[dim] // 2, x.shape[dim] // 2)
     return x.squeeze(dim)

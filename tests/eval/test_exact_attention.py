@@ -66,6 +66,26 @@ def test_every_tree_row_equals_the_one_row_call_on_its_own_keys(dtype, past):
         torch.testing.assert_close(out[0, r].double(), ref, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("past", [200, 613])
+def test_rows_equal_their_one_row_calls_at_a_real_model_shape(past):
+    """SmolLM2's attention shape (9 query heads over 3 KV heads of 64) in bf16, at cache lengths whose block counts
+    (13 and 39 with the tree) are not powers of two: the block sum's first, unpadded level is exercised."""
+    torch.manual_seed(past)
+    module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    structure = tree_structure(TREE_PARENTS)
+    q = structure.size + 1
+    keys, values = (torch.randn(1, 3, past + q, 64).bfloat16() for _ in range(2))
+    query = torch.randn(1, 9, q, 64).bfloat16()
+    paths, depths = structure.row_paths(), structure.row_depths()
+    out, _ = exact_attention_forward(module, query, keys, values, None, scaling=0.125,
+                                     **{ROWS_KWARG: row_keys(past, paths, depths)})
+    for r in range(q):
+        slots = torch.cat([torch.arange(past), past + paths[r, : int(depths[r]) + 1]])
+        alone, _ = exact_attention_forward(module, query[:, :, r : r + 1], keys[:, :, slots], values[:, :, slots],
+                                           None, scaling=0.125, **{ROWS_KWARG: chain_row_keys(len(slots) - 1, 1)})
+        assert torch.equal(out[0, r], alone[0, 0]), f"row {r} differs from its one-row call"
+
+
 def test_a_chain_layout_is_causal_and_matches_row_by_row_decoding():
     torch.manual_seed(0)
     past, q = KEY_BLOCK + 7, 12
