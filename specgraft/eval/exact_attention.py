@@ -73,15 +73,13 @@ class RowKeys:
         shared: ``(past // KEY_BLOCK) * KEY_BLOCK``: keys ``[0, shared)`` are whole blocks every row sees.
         tail_index: [q, T] int64 cache positions of each row's remaining keys (``T`` a multiple of KEY_BLOCK;
             padding points at position 0 and is masked).
-        tail_valid: [q, T] bool, False on padding.
-        tail_invalid: ``~tail_valid`` (built once per forward, read by every layer).
+        tail_padding: [q, T] bool, True on padding (the mask every layer applies; built once per forward).
     """
 
     past: int
     shared: int
     tail_index: torch.Tensor
-    tail_valid: torch.Tensor
-    tail_invalid: torch.Tensor
+    tail_padding: torch.Tensor
 
 
 def row_keys(past: int, paths: torch.Tensor, depths: torch.Tensor) -> RowKeys:
@@ -107,8 +105,7 @@ def row_keys(past: int, paths: torch.Tensor, depths: torch.Tensor) -> RowKeys:
     path_rows = paths.index_select(1, step)  # [q, T]
     index = torch.where(in_prefix.unsqueeze(0), shared + t.unsqueeze(0), past + path_rows)
     valid = in_prefix.unsqueeze(0) | in_path
-    return RowKeys(past=past, shared=shared, tail_index=torch.where(valid, index, 0), tail_valid=valid,
-                   tail_invalid=~valid)
+    return RowKeys(past=past, shared=shared, tail_index=torch.where(valid, index, 0), tail_padding=~valid)
 
 
 def chain_row_keys(past: int, length: int, device: torch.device | str | None = None) -> RowKeys:
@@ -160,7 +157,7 @@ def exact_attention_forward(
     k_tail = kf.index_select(1, flat).view(kv_heads, q, tail, dim)
     v_tail = vf.index_select(1, flat).view(kv_heads, q, tail // KEY_BLOCK, KEY_BLOCK, dim + 1)
     s_tail = torch.matmul(qf, k_tail.transpose(-1, -2))  # [KVH, q, G, T]
-    s_tail.masked_fill_(rows.tail_invalid.view(1, q, 1, tail), float("-inf"))
+    s_tail.masked_fill_(rows.tail_padding.view(1, q, 1, tail), float("-inf"))
     top = s_tail.amax(-1, keepdim=True)  # [KVH, q, G, 1]; every row sees at least itself
     if blocks:
         s_shared = torch.matmul(qf.reshape(kv_heads, q * group, dim), kf[:, :shared].transpose(-1, -2))
