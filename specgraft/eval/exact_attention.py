@@ -34,6 +34,11 @@ margin. MKL's fp32 GEMM does not (at 4+ rows it switches kernels: a q_proj row d
 identical by margin only, as before. The prompt's prefill (no row layout passed) goes through transformers'
 ``sdpa`` unchanged: plain and speculative decoding prefill the same prompt in the same call.
 
+That row independence is the BLAS's, not ours: on an AMD EPYC with the same torch/MKL build the batched fp32
+products change their summation with the number of rows in the call, so :func:`apply_attention_kernel` probes it
+at the model's attention shape (:func:`rows_computed_independently`) and refuses ``exact`` in one line where it
+fails, instead of promising bits it cannot deliver.
+
 Cost: some 25 small ops per layer instead of one fused call (measured in the README's bf16 section); selected with
 ``--attention-kernel exact`` on ``specgraft eval`` / ``tune`` / ``profile``.
 """
@@ -41,6 +46,7 @@ Cost: some 25 small ops per layer instead of one fused call (measured in the REA
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,6 +206,48 @@ def pairwise_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return x.squeeze(dim)
 
 
+#: Cache lengths the row-independence probe tries, each with a tree and a chain: empty, inside the first key
+#: block, on and across a block boundary, and several blocks in (the shared-prefix products).
+PROBE_PAST = (0, 1, KEY_BLOCK - 3, KEY_BLOCK, KEY_BLOCK + 1, 3 * KEY_BLOCK - 2, 5 * KEY_BLOCK + 7)
+PROBE_TREE = (-1, -1, -1, 1, 1, 4, 2, 5, 7)
+
+
+@functools.cache
+def rows_computed_independently(kv_heads: int, group: int, dim: int, dtype: str, device: str) -> bool:
+    """Whether this machine's kernels give every row of an exact-attention call the bits its one-row call gets, at
+    this attention shape and dtype: the premise the kernel rests on (its products stack rows along batch and M
+    dimensions that the BLAS must treat row by row). True on the Intel Xeon (AMX) it was built on; false on an AMD
+    EPYC with the same MKL build, whose batched fp32 products change their summation with the batch count and the
+    row count (2026-12-05). Probed once per shape on random inputs: a 9-node tree and a chain at seven cache lengths,
+    every row against its one-row call."""
+    from specgraft.eval.tree import tree_structure
+
+    gen = torch.Generator().manual_seed(0)
+    torch_dtype = getattr(torch, dtype.removeprefix("torch."))
+    module = argparse.Namespace(num_key_value_groups=group, is_causal=True)
+    structure = tree_structure(PROBE_TREE)
+    tree_paths, tree_depths = structure.row_paths(), structure.row_depths()
+    for past in PROBE_PAST:
+        for paths, depths in ((tree_paths, tree_depths), (None, None)):
+            q = structure.size + 1
+            if paths is None:  # a causal chain of the same number of rows
+                idx = torch.arange(q)
+                paths, depths = torch.where(idx.unsqueeze(0) <= idx.unsqueeze(1), idx.unsqueeze(0), 0), idx
+            keys, values = (torch.randn(1, kv_heads, past + q, dim, generator=gen).to(device=device, dtype=torch_dtype)
+                            for _ in range(2))
+            query = torch.randn(1, kv_heads * group, q, dim, generator=gen).to(device=device, dtype=torch_dtype)
+            out, _ = exact_attention_forward(module, query, keys, values, None,
+                                             **{ROWS_KWARG: row_keys(past, paths.to(device), depths.to(device))})
+            for r in range(q):
+                slots = torch.cat([torch.arange(past), past + paths[r, : int(depths[r]) + 1]]).to(device)
+                alone, _ = exact_attention_forward(module, query[:, :, r : r + 1], keys[:, :, slots],
+                                                   values[:, :, slots], None,
+                                                   **{ROWS_KWARG: chain_row_keys(len(slots) - 1, 1, device)})
+                if not torch.equal(out[0, r], alone[0, 0]):
+                    return False
+    return True
+
+
 def register_exact_attention() -> None:
     """Register :func:`exact_attention_forward` with transformers (idempotent; called when a model switches)."""
     from transformers import AttentionInterface
@@ -242,6 +290,18 @@ def apply_attention_kernel(choice: str, model: Any) -> str:
     if getattr(config, "attn_logit_softcapping", None) or getattr(config, "use_alibi", False):
         raise SpecgraftError("--attention-kernel exact does not implement logit soft-capping or ALiBi; use "
                              "--attention-kernel stock")
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    parameter = next(model.parameters())
+    if not rows_computed_independently(kv_heads, heads // kv_heads, dim, str(parameter.dtype),
+                                       str(parameter.device)):
+        raise SpecgraftError(f"--attention-kernel exact cannot be bit-exact on this machine: its matmul kernels "
+                             f"compute a query row differently when other rows share the call (probed at this "
+                             f"model's attention shape, {kv_heads} KV heads x {heads // kv_heads} of {dim}, "
+                             f"{str(parameter.dtype).removeprefix('torch.')}); use --attention-kernel stock (greedy "
+                             "answers then match plain decoding up to rounding, which the eval's lossless check "
+                             "reports)")
     register_exact_attention()
     model.set_attn_implementation(EXACT_ATTENTION)
     return choice
