@@ -163,7 +163,7 @@ def tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, p
 
     from specgraft.eval.cost import measure_profile
     from specgraft.eval.prompts import render_turn
-    from specgraft.eval.tune import TUNED_NAME, default_kv_length, kind_of, setting_label, tune
+    from specgraft.eval.tune import TUNED_NAME, default_kv_length, is_plain, kind_of, setting_label, tune
     from specgraft.heads.base import load_head
     from specgraft.heads.registry import family_of
     from specgraft.target import load_target
@@ -205,7 +205,12 @@ def tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, p
                                settings=_eval_settings(budget), prior=prior, calibration_is_default=True,
                                linear_kernel=kernel)
         atomic_write_json(Path(result["drafter_dir"]) / TUNED_NAME, record)
-        tuned[name] = {"setting": setting_label(kind, outcome.chosen.setting),
+        label = setting_label(kind, outcome.chosen.setting)
+        if is_plain(outcome.chosen.setting):  # say what drafting would have done
+            best, measured_best = outcome.candidates[0], (outcome.measured.get("best") or {})
+            label += (f"; the best drafting setting, {setting_label(kind, best.setting)}, predicted "
+                      f"{_num(best.speedup)}x, measured {_num(measured_best.get('speedup_ratio_of_totals'))}x")
+        tuned[name] = {"setting": label,
                        "default": setting_label(kind, outcome.default.setting) if outcome.default else "default",
                        "predicted": outcome.chosen.speedup,
                        "predicted_default": outcome.default.speedup if outcome.default else None,

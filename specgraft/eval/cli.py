@@ -142,9 +142,13 @@ def _model_drafter(args: argparse.Namespace, target: Any, dtype: Any, device: st
                                                                        "mode": "chain", **info}
     if args.drafter == "self":
         return SelfDrafter(k=k, tree_topk=branching), {"type": "self", "path": None, "mode": mode, **info}
+    from specgraft.eval.tune import is_plain
+
     draft, draft_tok = load_draft_model(args.draft, target, dtype, device)
     explicit = args.k is not None or args.mode is not None or args.branching is not None
     tuned = _tuned_setting(args, Path(args.draft), explicit, target)
+    if tuned is not None and is_plain(tuned[0]):
+        return None, {"type": "draft_model", "path": str(args.draft), "mode": "plain", "setting_source": tuned[1]}
     if tuned is not None:
         setting, source, _ = tuned
         k, mode, info = int(setting["k"]), "chain", {"k": int(setting["k"])}
@@ -158,7 +162,7 @@ def _model_drafter(args: argparse.Namespace, target: Any, dtype: Any, device: st
 def _tuned_setting(args: argparse.Namespace, folder: Path, explicit: bool,
                    target: Any) -> tuple[dict[str, Any], str, str] | None:
     """The folder's tuned setting and how the report names it, unless a setting flag or --no-tuned wins."""
-    from specgraft.eval.tune import read_tuned
+    from specgraft.eval.tune import is_plain, read_tuned
 
     if explicit or getattr(args, "no_tuned", False) or not folder.is_dir():
         return None
@@ -172,6 +176,10 @@ def _tuned_setting(args: argparse.Namespace, folder: Path, explicit: bool,
                        "re-run `specgraft tune` here", folder, device.get("device"), device.get("device_name"), here)
     source = (f"tuned ({folder / 'tuned.json'}, on {device.get('device')} {device.get('device_name')}, "
               f"{device.get('threads')} thread(s), {device.get('dtype')})")
+    if is_plain(tuned["setting"]):
+        logger.warning("%s says no drafting setting was faster than plain decoding on %s (%s): this eval measures "
+                       "plain decoding; pass a setting flag or --no-tuned to measure drafting", folder / "tuned.json",
+                       device.get("device"), device.get("device_name"))
     return tuned["setting"], source, str(tuned["kind"])
 
 
@@ -194,14 +202,16 @@ def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str,
     explicit = any(v is not None for v in (args.k, args.mode, args.tree_size, args.eagle_top_k))
     tuned = _tuned_setting(args, Path(args.head), explicit, target)
     if tuned is not None:
-        from specgraft.eval.tune import drafter_info
+        from specgraft.eval.tune import drafter_info, is_plain
 
         setting, source, tuned_kind = tuned
         if family.tuning != tuned_kind:
             raise SpecgraftError(f"{args.head}/tuned.json is for a {tuned_kind} drafter, not this {family.name} "
                                  "head; re-run `specgraft tune --overwrite` for it")
-        drafter = family.drafter(head, setting)
         info = drafter_info(tuned_kind, family.name, str(args.head), setting, source)
+        if is_plain(setting):
+            return None, info, head.target
+        drafter = family.drafter(head, setting)
         info["tree_size"] = family.describe_drafter(drafter)["tree_size"]
         return drafter, info, head.target
     setting = family.setting_from_flags(mode=args.mode, k=args.k, tree_size=args.tree_size, top_k=args.eagle_top_k)
@@ -240,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     # (target, head, draft model) must run the same kernels as plain decoding.
     info["attention_kernel"] = apply_attention_kernel(args.attention_kernel, target.model)
     info["linear_kernel"] = apply_linear_kernel(args.linear_kernel, device, dtype, target.model,
-                                               *drafter.modules())
+                                               *(drafter.modules() if drafter is not None else ()))
     logger.info("evaluating %s drafter (%s) on %d prompts from %d file(s)", info["type"], info["mode"], len(prompts),
                 len(args.prompts))
     with output_lock(args.out, "an eval report"):

@@ -144,7 +144,7 @@ def _timed_pair(base: SpeculativeDecoder, spec: SpeculativeDecoder, ids: list[in
 
 def run_eval(
     target: Any,
-    drafter: Drafter,
+    drafter: Drafter | None,
     prompts: Sequence[Prompt],
     out_dir: str | Path,
     *,
@@ -158,7 +158,8 @@ def run_eval(
 
     Args:
         target: a :class:`~specgraft.target.Target` or a transformers causal LM (then pass ``tokenizer``).
-        drafter: the drafter to measure (built for this target).
+        drafter: the drafter to measure (built for this target); None measures plain decoding against itself (a
+            tuned setting of plain decoding).
         prompts: from :func:`specgraft.eval.prompts.load_prompts`.
         out_dir: folder for report.json, report.md, answers.jsonl and the plots (created if needed).
         tokenizer: the target's tokenizer (default: the Target's).

@@ -51,6 +51,12 @@ DRAFT_MODEL_DEFAULT = {"mode": "chain", "k": 4}
 CALIBRATION_FIELDS = ("steps", "depth_accepted")
 #: The hooks a head family's search registers (see :class:`specgraft.heads.registry.HeadFamily`).
 SEARCH_HOOKS = ("default_setting", "tune_candidates", "tune_predict", "setting_label", "same_setting")
+#: The setting that drafts nothing: plain decoding. ``specgraft tune`` stores it when no drafting setting is faster
+#: than plain decoding on the device (measured by the confirming evals, else predicted); ``specgraft eval`` then
+#: decodes plainly and the exports carry no tuned engine hints.
+PLAIN_SETTING: dict[str, Any] = {"mode": "plain"}
+#: Default of ``--min-speedup``: a drafting setting is kept only when it is at least this fast relative to plain.
+DEFAULT_MIN_SPEEDUP = 1.0
 
 
 @dataclass
@@ -69,6 +75,16 @@ class Candidate:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def is_plain(setting: Mapping[str, Any] | None) -> bool:
+    """Whether a (tuned) setting is plain decoding: draft nothing."""
+    return bool(setting) and setting.get("mode") == PLAIN_SETTING["mode"]
+
+
+def plain_candidate(plain_step_s: float) -> Candidate:
+    """Plain decoding as a candidate: one token per plain step, speedup 1 by definition."""
+    return finish_candidate(Candidate(dict(PLAIN_SETTING), 0.0, 0.0, plain_step_s), plain_step_s)
 
 
 def kind_of(head_type: str) -> str:
@@ -243,6 +259,8 @@ def predict_setting(kind: str, setting: dict[str, Any], profile: CostProfile, dr
 
 
 def same_setting(kind: str, a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if is_plain(a) or is_plain(b):
+        return is_plain(a) and is_plain(b)
     if kind == "draft_model":
         return all(a.get(k) == b.get(k) for k in ("mode", "k"))
     return bool(family_search(kind)["same_setting"](a, b))
@@ -267,13 +285,59 @@ class TuneResult:
     warnings: list[str] = field(default_factory=list)
 
 
+def _speedup_of(measured: Mapping[str, Any] | None) -> float | None:
+    value = (measured or {}).get("speedup_ratio_of_totals")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def choose(result: TuneResult, plain_step_s: float, min_speedup: float = DEFAULT_MIN_SPEEDUP) -> TuneResult:
+    """Set ``result.chosen`` (and ``result.measured["tuned"]``): the fastest of the predicted best and the default
+    by their confirming evals' measured speedups (``result.measured["best"]`` / ``["default"]``), or, unconfirmed,
+    the predicted best; plain decoding when that speedup is below ``min_speedup``.
+
+    Plain decoding's "measurement" is plain decoding itself: speedup 1 and tau 1 by definition, at the best run's
+    interleaved baseline speed."""
+    if not (math.isfinite(min_speedup) and min_speedup > 0):
+        raise SpecgraftError(f"--min-speedup must be a positive number, got {min_speedup}")
+    best = result.candidates[0]
+    measured_best = result.measured.get("best")
+    if measured_best is None:  # unconfirmed: the prediction decides
+        chosen, speed = best, best.speedup
+    else:
+        options = [(best, measured_best)]
+        if result.default is not None and result.measured.get("default") is not None:
+            options.append((result.default, result.measured["default"]))
+        scored = [(c, m, _speedup_of(m)) for c, m in options]
+        scored = [x for x in scored if x[2] is not None]
+        if not scored:
+            raise SpecgraftError("the confirming evals measured no speedup (no tokens generated?); calibrate on "
+                                 "prompts that generate tokens")
+        chosen, measured, speed = max(scored, key=lambda x: x[2])  # ties: the predicted best (listed first)
+        result.measured["tuned"] = dict(measured)
+    if speed < min_speedup:
+        result.chosen = plain_candidate(plain_step_s)
+        if measured_best is not None:
+            rate = measured_best.get("baseline_tokens_per_s")
+            result.measured["tuned"] = {"tau": 1.0, "tokens_per_s": rate, "baseline_tokens_per_s": rate,
+                                        "speedup_ratio_of_totals": 1.0,
+                                        "lossless_check": "plain decoding: nothing is drafted"}
+    else:
+        result.chosen = chosen
+    return result
+
+
 def tuned_record(result: TuneResult, profile: CostProfile, calibration_path: str) -> dict[str, Any]:
-    return {"version": TUNED_VERSION, "kind": result.kind, "setting": result.chosen.setting,
-            "predicted": {"tokens_per_s": result.chosen.tokens_per_s, "speedup": result.chosen.speedup,
-                          "tau": 1 + result.chosen.expected_accepted},
-            "default": result.default.to_dict() if result.default is not None else None,
-            "measured": result.measured, "device": profile.summary(), "calibration": calibration_path,
-            "candidates": [c.to_dict() for c in result.candidates[:TOP_CANDIDATES]]}
+    best = result.candidates[0]
+    record = {"version": TUNED_VERSION, "kind": result.kind, "setting": result.chosen.setting,
+              "predicted": {"tokens_per_s": result.chosen.tokens_per_s, "speedup": result.chosen.speedup,
+                            "tau": 1 + result.chosen.expected_accepted},
+              "default": result.default.to_dict() if result.default is not None else None,
+              "measured": result.measured, "device": profile.summary(), "calibration": calibration_path,
+              "candidates": [c.to_dict() for c in result.candidates[:TOP_CANDIDATES]]}
+    if is_plain(result.chosen.setting):
+        # Why plain decoding: the best drafting setting and what it was predicted (and measured) to do.
+        record["best_drafting"] = {**best.to_dict(), "measured": result.measured.get("best")}
+    return record
 
 
 # -- the command ---------------------------------------------------------------------------------------------------
@@ -295,6 +359,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                       "prompt length plus half of --max-new-tokens)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per calibration turn (default 64)")
     parser.add_argument("--no-confirm", action="store_true", help="skip the confirming evals")
+    parser.add_argument("--min-speedup", type=float, default=DEFAULT_MIN_SPEEDUP,
+                        help="speedup over plain decoding (measured by the confirming evals, else predicted) a "
+                             "drafting setting needs to be chosen; below it tuned.json says plain decoding "
+                             f"(default {DEFAULT_MIN_SPEEDUP})")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing tuned.json")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available, else cpu)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="model dtype")
@@ -304,7 +372,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def drafter_for(kind: str, head_or_draft: Any, setting: dict[str, Any]) -> Any:
-    """A drafter at ``setting``: a head's through its family's registered drafter, else a draft model's."""
+    """A drafter at ``setting``: a head's through its family's registered drafter, else a draft model's (None for
+    plain decoding)."""
+    if is_plain(setting):
+        return None
     if kind == "draft_model":
         from specgraft.eval.drafters import DraftModelDrafter
 
@@ -315,6 +386,8 @@ def drafter_for(kind: str, head_or_draft: Any, setting: dict[str, Any]) -> Any:
 
 
 def setting_label(kind: str, setting: dict[str, Any]) -> str:
+    if is_plain(setting):
+        return "plain decoding (no drafting)"
     if kind == "draft_model":
         return f"chain of k={setting['k']}"
     return str(family_search(kind)["setting_label"](setting))
@@ -335,12 +408,15 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
          out_dir: Path, *, profile: CostProfile, calibration: tuple[dict[str, Any], str] | None,
          settings: Any, confirm: bool = True, prior: Sequence[Sequence[float]] | None = None,
          progress: bool = True, calibration_is_default: bool = False,
-         linear_kernel: str | None = None) -> tuple[TuneResult, dict[str, Any]]:
+         linear_kernel: str | None = None,
+         min_speedup: float = DEFAULT_MIN_SPEEDUP) -> tuple[TuneResult, dict[str, Any]]:
     """Calibrate (unless given), predict, choose and confirm; returns the result and the tuned.json record.
 
     ``calibration_is_default``: the given calibration report was measured at the default setting on these
     prompts, so it also serves as the default's confirming measurement. ``linear_kernel``: the kernel the modules
-    run (checked against the profile's)."""
+    run (checked against the profile's). ``min_speedup``: the measured (with ``confirm``) or else predicted speedup
+    over plain decoding a drafting setting needs to be chosen; below it the choice is plain decoding
+    (:func:`choose`)."""
     from specgraft.eval.report import run_eval
 
     if not prompts:
@@ -387,28 +463,35 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
             numbers["step_overhead_s"] = step_overhead(report["overall"], at_calibration, profile.plain_step_s)
             logger.info("calibrated per-step overhead beyond the profile: %.3f ms", numbers["step_overhead_s"] * 1e3)
     candidates = candidates_for(kind, profile, costs, numbers, prior)
-    chosen = candidates[0]
     try:
         default: Candidate | None = predict_setting(kind, default_setting, profile, costs, numbers, prior)
     except SpecgraftError as exc:  # e.g. a profile that stops short of the default's 60-64 tokens
         logger.warning("no prediction for the default setting: %s", exc)
         default = None
-    result = TuneResult(kind, chosen, default, candidates, warnings=warnings)
+    result = TuneResult(kind, candidates[0], default, candidates, warnings=warnings)
     if confirm:
-        measured_chosen = run_eval(target, drafter_for(kind, drafter_source, chosen.setting), prompts,
-                                   out_dir / "tuned", settings=settings, progress=progress,
-                                   drafter_info=drafter_info(kind, head_type, str(source_dir), chosen.setting,
-                                                             "tuned"))["overall"]
-        result.measured["tuned"] = _measured(measured_chosen)
+        # The predicted best is measured even when it is predicted slower than plain decoding: the measurement,
+        # not the model, decides whether drafting pays (the model is calibrated on one setting only).
+        result.measured["best"] = _measured(run_eval(
+            target, drafter_for(kind, drafter_source, candidates[0].setting), prompts, out_dir / "tuned",
+            settings=settings, progress=progress,
+            drafter_info=drafter_info(kind, head_type, str(source_dir), candidates[0].setting, "tuned"))["overall"])
         if calibration_is_default:
             # The calibration run IS the default setting, measured the same way (same prompts and process).
             result.measured["default"] = _measured(report["overall"])
+        elif default is not None and same_setting(kind, default.setting, candidates[0].setting):
+            result.measured["default"] = dict(result.measured["best"])
         else:
             measured_default = run_eval(target, drafter_for(kind, drafter_source, default_setting), prompts,
                                         out_dir / "default", settings=settings, progress=progress,
                                         drafter_info=drafter_info(kind, head_type, str(source_dir), default_setting,
                                                                   "defaults"))["overall"]
             result.measured["default"] = _measured(measured_default)
+    choose(result, profile.plain_step_s, min_speedup)
+    if is_plain(result.chosen.setting):
+        logger.warning("no drafting setting of this %s drafter was %s at %.2fx plain decoding's speed or more on "
+                       "this device: the tuned setting is plain decoding", kind,
+                       "measured" if confirm else "predicted", min_speedup)
     return result, tuned_record(result, profile, calibration_path)
 
 
@@ -454,6 +537,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.prompts:
         raise SpecgraftError("tuning needs calibration prompts; pass --prompts FILE (the prompts you will serve)")
+    if not (math.isfinite(args.min_speedup) and args.min_speedup > 0):
+        raise SpecgraftError(f"--min-speedup must be a positive number, got {args.min_speedup}")
     source_dir = args.head if args.head is not None else args.draft
     tuned_file = source_dir / TUNED_NAME
     if tuned_file.exists() and not args.overwrite:
@@ -503,6 +588,7 @@ def run(args: argparse.Namespace) -> int:
     result, record = tune(target, kind, head_type, source, source_dir, prompts, args.out or source_dir / "tune",
                           profile=profile, calibration=calibration, settings=settings,
                           confirm=not args.no_confirm, prior=prior, linear_kernel=kernel,
+                          min_speedup=args.min_speedup,
                           calibration_is_default=calibration is not None and is_default_run(kind, calibration[0],
                                                                                        source))
     atomic_write_json(tuned_file, record)
@@ -519,9 +605,16 @@ def print_result(result: TuneResult, profile: CostProfile) -> None:
     for i, c in enumerate(result.candidates[:TOP_CANDIDATES], start=1):
         print(f"{i:>4} | {setting_label(kind, c.setting)} | {1 + c.expected_accepted:.3f} | {c.draft_s * 1e3:.3f} | "
               f"{c.step_s * 1e3:.3f} | {c.overhead_s * 1e3:.3f} | {c.tokens_per_s:.1f} | {c.speedup:.3f}x")
-    rows = [("tuned", result.chosen)] + ([("default", result.default)] if result.default is not None else [])
-    for name, c in rows:
-        m = result.measured.get(name) or {}
+    rows = [("tuned", result.chosen, "tuned")]
+    if not same_setting(kind, result.chosen.setting, result.candidates[0].setting):
+        rows.append(("predicted best", result.candidates[0], "best"))
+    if result.default is not None:
+        rows.append(("default", result.default, "default"))
+    for name, c, key in rows:
+        if is_plain(c.setting):
+            print(f"{name}: {setting_label(kind, c.setting)}: 1.00x and tau 1.00 by definition")
+            continue
+        m = result.measured.get(key) or {}
         line = (f"{name}: {setting_label(kind, c.setting)}: predicted {c.tokens_per_s:.1f} tok/s "
                 f"({c.speedup:.2f}x, tau {1 + c.expected_accepted:.2f})")
         if m.get("tokens_per_s") is not None and m.get("speedup_ratio_of_totals"):
@@ -531,6 +624,10 @@ def print_result(result: TuneResult, profile: CostProfile) -> None:
         print(line)
         if m.get("lossless_check"):
             print(f"  lossless: {m['lossless_check']}")
+    if is_plain(result.chosen.setting):
+        print("no drafting setting is faster than plain decoding on this device: `specgraft eval` with this "
+              "folder now decodes plainly (pass setting flags or --no-tuned to measure drafting anyway); a faster "
+              "device, or a head that accepts more, changes the answer")
     print("measured tok/s come from the confirming evals (plain and speculative interleaved per prompt in one "
           "process); on a shared machine the absolute speed drifts with load, so compare the speedups")
 

@@ -140,6 +140,15 @@ def _tuned_section(tuned: Mapping[str, Any] | None) -> list[str]:
              + (f", {device['linear_kernel']} linear kernel" if device.get("linear_kernel") else "")
              + f"): `{json.dumps(setting)}`."]
     predicted, measured = tuned.get("predicted") or {}, (tuned.get("measured") or {}).get("tuned") or {}
+    if setting.get("mode") == "plain":
+        best = (tuned.get("measured") or {}).get("best") or {}
+        lines.append("No drafting setting was faster than plain decoding on that device"
+                     + (f" (the best measured {best['speedup_ratio_of_totals']:.2f}x)"
+                        if isinstance(best.get("speedup_ratio_of_totals"), (int, float)) else "")
+                     + ", so the commands below use example draft lengths.")
+        lines += ["A device where verifying several tokens costs about one forward (a GPU) changes the answer: "
+                  "re-run `specgraft tune` there.", ""]
+        return lines
     if predicted.get("speedup") is not None:
         line = f"Predicted speedup {predicted['speedup']:.2f}x over plain decoding on that device"
         if measured.get("speedup_ratio_of_totals") is not None:

@@ -48,6 +48,9 @@ def tuned_engine_settings(tuned: Mapping[str, Any]) -> dict[str, Any]:
     TensorRT-LLM's ``max_draft_len`` (plus ``medusa_choices`` for a Medusa tree)."""
     setting = tuned.get("setting") or {}
     kind = tuned.get("kind")
+    if setting.get("mode") == "plain":
+        # Tuned to plain decoding on its device: nothing to say about draft lengths (engines keep their defaults).
+        return {}
     if kind == "medusa":
         depth = int(setting["depth"])
         choices = [list(p) for p in setting.get("paths") or []]

@@ -281,7 +281,7 @@ def test_profile_tune_eval_export_end_to_end(disk, tmp_path, capsys):
     assert code == 0, err
     tuned = json.loads((head / "tuned.json").read_text(encoding="utf-8"))
     assert tuned["kind"] == "medusa" and tuned["device"]["device"] == "cpu"
-    assert set(tuned["measured"]) == {"tuned", "default"} and tuned["setting"]["paths"]
+    assert set(tuned["measured"]) == {"best", "tuned", "default"} and tuned["setting"]["paths"]
     assert "predicted" in out and "measured" in out
     calibration = json.loads((tmp_path / "tune" / "calibration" / "report.json").read_text(encoding="utf-8"))
     stats = calibration["acceptance_statistics"]
@@ -355,3 +355,106 @@ def test_draft_model_cost_charges_the_expected_catch_up():
     # 1.5 accepted drafts + the bonus = 2.5 tokens to catch up on: 3e-4 by interpolation, 1e-4 already in chain_s
     assert draft_model_cost(drafter, 2, 1.5) == pytest.approx(1e-3 + 3e-4 - 1e-4)
     assert draft_model_cost({"kind": "draft_model", "chain_s": {"2": 1e-3}}, 2, 1.5) == pytest.approx(1e-3)
+
+
+# -- plain decoding as the tuned outcome -------------------------------------------------------------------------
+def _result_with(best_speedup: float, default_speedup: float | None = None):
+    from specgraft.eval.tune import TuneResult, finish_candidate
+
+    profile = synthetic_profile()
+    plain = profile.plain_step_s
+    best = finish_candidate(Candidate({"mode": "chain", "k": 2}, 0.5, 3e-4, profile.step_cost(3, tree=False)), plain)
+    default = finish_candidate(Candidate({"mode": "chain", "k": 4}, 0.6, 1.2e-3, profile.step_cost(5, tree=False)),
+                               plain)
+    result = TuneResult("draft_model", best, default, [best, default])
+    if default_speedup is not None:
+        result.measured = {"best": {"tau": 1.5, "tokens_per_s": 30.0 * best_speedup, "baseline_tokens_per_s": 30.0,
+                                    "speedup_ratio_of_totals": best_speedup},
+                           "default": {"tau": 1.6, "tokens_per_s": 30.0 * default_speedup,
+                                       "baseline_tokens_per_s": 30.0, "speedup_ratio_of_totals": default_speedup}}
+    return result, profile
+
+
+def test_tune_chooses_plain_decoding_when_nothing_measured_beats_it():
+    from specgraft.eval.tune import choose, is_plain, tuned_record
+
+    # Measured: the predicted best 0.93x, the default 0.81x -> plain decoding, 1.00x by definition.
+    result, profile = _result_with(0.93, 0.81)
+    choose(result, profile.plain_step_s)
+    assert is_plain(result.chosen.setting) and result.chosen.speedup == pytest.approx(1.0)
+    assert result.chosen.tokens_per_s == pytest.approx(1 / profile.plain_step_s)
+    assert result.measured["tuned"]["speedup_ratio_of_totals"] == 1.0
+    assert result.measured["tuned"]["tokens_per_s"] == 30.0
+    assert result.measured["best"]["speedup_ratio_of_totals"] == 0.93
+    record = tuned_record(result, profile, "calib.json")
+    assert record["setting"] == {"mode": "plain"} and record["predicted"]["tau"] == 1.0
+    assert record["best_drafting"]["setting"] == {"mode": "chain", "k": 2}
+    assert record["best_drafting"]["measured"]["speedup_ratio_of_totals"] == 0.93
+    # Measured wins over predicted: the default measured faster than the predicted best is kept.
+    result, profile = _result_with(0.95, 1.12)
+    choose(result, profile.plain_step_s)
+    assert result.chosen.setting == {"mode": "chain", "k": 4}
+    assert result.measured["tuned"]["speedup_ratio_of_totals"] == 1.12
+    # The predicted best measured fastest and over the bar: chosen; a higher bar turns it down.
+    result, profile = _result_with(1.10, 0.90)
+    assert choose(result, profile.plain_step_s).chosen.setting == {"mode": "chain", "k": 2}
+    assert is_plain(choose(result, profile.plain_step_s, min_speedup=1.2).chosen.setting)
+    # Unconfirmed (--no-confirm), the prediction decides.
+    result, profile = _result_with(0.0)
+    assert result.candidates[0].speedup > 1  # the synthetic costs predict a gain
+    assert choose(result, profile.plain_step_s).chosen.setting == {"mode": "chain", "k": 2}
+    assert is_plain(choose(result, profile.plain_step_s, min_speedup=10.0).chosen.setting)
+    assert "tuned" not in result.measured
+    with pytest.raises(SpecgraftError, match="--min-speedup must be a positive number"):
+        choose(result, profile.plain_step_s, min_speedup=float("nan"))
+
+
+def test_tuned_plain_decoding_end_to_end(disk, tmp_path, capsys, caplog):
+    """--min-speedup above anything reachable: tune measures the best setting, stores plain decoding; eval then
+    decodes plainly (token-identical, tau 1) and the export carries no tuned engine hints, saying why."""
+    import shutil
+
+    profile = tmp_path / "profile.json"
+    code, _, err = cli(["profile", "--target", disk / "target", "--head", disk / "medusa", "--out", profile,
+                        "--kv-length", "16", "--token-counts", "1,2,3,4,8,16,32,64", "--repeats", "1"], capsys)
+    assert code == 0, err
+    head = tmp_path / "medusa"
+    shutil.copytree(disk / "medusa", head)
+    code, out, err = cli(["tune", "--target", disk / "target", "--head", head, "--prompts", disk / "q.jsonl",
+                          "--cost-profile", profile, "--max-new-tokens", "8", "--out", tmp_path / "tune",
+                          "--min-speedup", "1000"], capsys)
+    assert code == 0, err
+    tuned = json.loads((head / "tuned.json").read_text(encoding="utf-8"))
+    assert tuned["setting"] == {"mode": "plain"} and tuned["best_drafting"]["setting"]["paths"]
+    assert tuned["measured"]["best"]["speedup_ratio_of_totals"] > 0  # the best drafting setting WAS measured
+    assert "tuned: plain decoding (no drafting): 1.00x" in out and "predicted best:" in out
+    assert "no drafting setting is faster than plain decoding" in out
+
+    code, _, err = cli(["eval", "--target", disk / "target", "--head", head, "--prompts", disk / "q.jsonl",
+                        "--out", tmp_path / "e", "--max-new-tokens", "6", "--no-progress"], capsys)
+    assert code == 0, err
+    assert "no drafting setting was faster than plain decoding" in caplog.text
+    report = json.loads((tmp_path / "e" / "report.json").read_text(encoding="utf-8"))
+    assert report["drafter"]["mode"] == "plain" and report["drafter"]["setting_source"].startswith("tuned (")
+    overall = report["overall"]
+    assert overall["tau"] == pytest.approx(1.0) and overall["lossless_passed"]
+    assert overall["steps"] == overall["new_tokens"]  # one token per step: nothing drafted
+
+    from specgraft.export.exporter import export_head
+
+    result = export_head(head, "trtllm", tmp_path / "x")
+    assert any("no drafting setting faster than plain decoding" in w for w in result.warnings)
+    meta = json.loads((result.path / "specgraft_export.json").read_text(encoding="utf-8"))
+    assert meta["tuned"]["engines"] == {} and "medusa_choices" not in json.loads(
+        (result.path / "config.json").read_text(encoding="utf-8"))
+    card = (result.path / "README.md").read_text(encoding="utf-8")
+    assert "No drafting setting was faster than plain decoding on that device" in card
+
+
+def test_min_speedup_must_be_positive(disk, tmp_path, capsys):
+    for value in ("nan", "0", "-1"):
+        code, _, err = cli(["tune", "--target", disk / "target", "--head", disk / "medusa", "--prompts",
+                            disk / "q.jsonl", "--min-speedup", value], capsys)
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(errors) == 1 and "--min-speedup must be a positive number" in errors[0], err
+    assert not (disk / "medusa" / "tuned.json").exists()
