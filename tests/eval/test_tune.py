@@ -276,8 +276,11 @@ def test_profile_tune_eval_export_end_to_end(disk, tmp_path, capsys):
     import shutil
 
     shutil.copytree(disk / "medusa", head)
+    # --min-speedup below any measurement: a drafting setting is kept whatever the untrained head measures, so its
+    # path through eval and export is pinned (plain decoding: test_tuned_plain_decoding_end_to_end).
     code, out, err = cli(["tune", "--target", disk / "target", "--head", head, "--prompts", disk / "q.jsonl",
-                          "--cost-profile", profile, "--max-new-tokens", "8", "--out", tmp_path / "tune"], capsys)
+                          "--cost-profile", profile, "--max-new-tokens", "8", "--out", tmp_path / "tune",
+                          "--min-speedup", "1e-9"], capsys)
     assert code == 0, err
     tuned = json.loads((head / "tuned.json").read_text(encoding="utf-8"))
     assert tuned["kind"] == "medusa" and tuned["device"]["device"] == "cpu"

@@ -151,14 +151,20 @@ def test_profile_tune_eval_export_end_to_end(tmp_path, capsys):
     assert set(section["chain_s"]) == {"3"} and set(section["tree_s"]) == {"2", "3", "4"}
     assert section["chain_s"]["3"] <= section["tree_s"]["2"] <= section["tree_s"]["3"] <= section["tree_s"]["4"]
 
+    # An untrained head on a tiny target may not beat plain decoding; the bar is set below any measured speedup so
+    # that a drafting setting is kept and its path through eval and export is pinned (plain decoding has its own
+    # test in tests/eval/test_tune.py).
     _, out = cli("tune", "--target", tmp_path / "target", "--head", head_dir, "--prompts", prompts,
-                 "--cost-profile", profile_file, "--max-new-tokens", "8", "--out", tmp_path / "tune")
+                 "--cost-profile", profile_file, "--max-new-tokens", "8", "--out", tmp_path / "tune",
+                 "--min-speedup", "1e-9")
     tuned = json.loads((head_dir / "tuned.json").read_text(encoding="utf-8"))
     assert tuned["kind"] == "dflash" and tuned["device"]["device"] == "cpu"
-    assert set(tuned["measured"]) == {"tuned", "default"}
+    assert set(tuned["measured"]) == {"best", "tuned", "default"}
     assert tuned["default"]["setting"] == {"mode": "chain", "depth": 3}
     setting = tuned["setting"]
-    assert setting == tuned["candidates"][0]["setting"] and setting["mode"] in ("chain", "tree")
+    # the faster by measurement of the predicted best and the default
+    assert setting in (tuned["candidates"][0]["setting"], tuned["default"]["setting"])
+    assert setting["mode"] in ("chain", "tree")
     assert "predicted" in out and "measured" in out
     calib = json.loads((tmp_path / "tune" / "calibration" / "report.json").read_text(encoding="utf-8"))
     assert calib["drafter"]["mode"] == "tree" and calib["drafter"]["top_k"] == 4  # one run predicts every width
