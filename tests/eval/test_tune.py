@@ -260,6 +260,18 @@ def cli(args, capsys):
     return code, out, err
 
 
+def tune_a_copy(disk, tmp_path, profile, min_speedup: str, capsys):
+    """`specgraft tune` on a copy of the tiny Medusa head (8 tokens per calibration turn): (head, code, out, err)."""
+    import shutil
+
+    head = tmp_path / "medusa"
+    shutil.copytree(disk / "medusa", head)
+    code, out, err = cli(["tune", "--target", disk / "target", "--head", head, "--prompts", disk / "q.jsonl",
+                          "--cost-profile", profile, "--max-new-tokens", "8", "--out", tmp_path / "tune",
+                          "--min-speedup", min_speedup], capsys)
+    return head, code, out, err
+
+
 def test_profile_tune_eval_export_end_to_end(disk, tmp_path, capsys):
     profile = tmp_path / "profile.json"
     code, out, err = cli(["profile", "--target", disk / "target", "--head", disk / "medusa", "--out", profile,
@@ -272,15 +284,9 @@ def test_profile_tune_eval_export_end_to_end(disk, tmp_path, capsys):
     assert per_call.keys() == {"1", "2"} and set(per_call["2"]) == {"3", "7", "15", "31", "63"}
     assert data["target"]["hidden_size"] == 64 and data["threads"] >= 1
 
-    head = tmp_path / "medusa"
-    import shutil
-
-    shutil.copytree(disk / "medusa", head)
     # --min-speedup below any measurement: a drafting setting is kept whatever the untrained head measures, so its
     # path through eval and export is pinned (plain decoding: test_tuned_plain_decoding_end_to_end).
-    code, out, err = cli(["tune", "--target", disk / "target", "--head", head, "--prompts", disk / "q.jsonl",
-                          "--cost-profile", profile, "--max-new-tokens", "8", "--out", tmp_path / "tune",
-                          "--min-speedup", "1e-9"], capsys)
+    head, code, out, err = tune_a_copy(disk, tmp_path, profile, "1e-9", capsys)
     assert code == 0, err
     tuned = json.loads((head / "tuned.json").read_text(encoding="utf-8"))
     assert tuned["kind"] == "medusa" and tuned["device"]["device"] == "cpu"
@@ -415,17 +421,11 @@ def test_tune_chooses_plain_decoding_when_nothing_measured_beats_it():
 def test_tuned_plain_decoding_end_to_end(disk, tmp_path, capsys, caplog):
     """--min-speedup above anything reachable: tune measures the best setting, stores plain decoding; eval then
     decodes plainly (token-identical, tau 1) and the export carries no tuned engine hints, saying why."""
-    import shutil
-
     profile = tmp_path / "profile.json"
     code, _, err = cli(["profile", "--target", disk / "target", "--head", disk / "medusa", "--out", profile,
                         "--kv-length", "16", "--token-counts", "1,2,3,4,8,16,32,64", "--repeats", "1"], capsys)
     assert code == 0, err
-    head = tmp_path / "medusa"
-    shutil.copytree(disk / "medusa", head)
-    code, out, err = cli(["tune", "--target", disk / "target", "--head", head, "--prompts", disk / "q.jsonl",
-                          "--cost-profile", profile, "--max-new-tokens", "8", "--out", tmp_path / "tune",
-                          "--min-speedup", "1000"], capsys)
+    head, code, out, err = tune_a_copy(disk, tmp_path, profile, "1000", capsys)
     assert code == 0, err
     tuned = json.loads((head / "tuned.json").read_text(encoding="utf-8"))
     assert tuned["setting"] == {"mode": "plain"} and tuned["best_drafting"]["setting"]["paths"]
