@@ -93,11 +93,14 @@ def choose_decode_kernel(target_model: Any) -> str:
     return resolve_linear_kernel("auto", "cpu", "float32", target_model)
 
 
-def _decode_kernel(kernel: str, *modules: Any) -> str:
-    """Switch the modules the demo decodes with to ``kernel`` (a resolved name: nothing is measured again)."""
+def _decode_kernel(kernel: str, target_model: Any, *modules: Any) -> str:
+    """Switch the target to the decode-time attention ``specgraft eval`` uses by default (``auto``) and the modules
+    the demo decodes with to the linear ``kernel`` (a resolved name: nothing is measured again)."""
+    from specgraft.eval.exact_attention import apply_attention_kernel
     from specgraft.eval.kernels import apply_linear_kernel
 
-    return apply_linear_kernel(kernel, "cpu", "float32", *modules)
+    apply_attention_kernel("auto", target_model)
+    return apply_linear_kernel(kernel, "cpu", "float32", target_model, *modules)
 
 
 def _load_prompts(prompts_file: Path):

@@ -53,15 +53,17 @@ from typing import Any
 import torch
 
 from specgraft.errors import SpecgraftError
-from specgraft.eval.kv import EXACT_ATTENTION, attention_layout, text_config
+from specgraft.eval.kv import EXACT_ATTENTION, GQA_ATTENTION, attention_layout, text_config
 
 KEY_BLOCK = 16
 """Logical key positions per block. Any fixed size is exact. Each row gathers its own last one or two blocks (the
 prefix's remainder, then its path), so the gathered volume grows with the block: 16 timed faster than 32 and 64
 for 17-row trees at 200-600 cached positions on the 2-core CPU (``index_select`` dominated at 64)."""
 
-ATTENTION_KERNELS = ("stock", "exact")
-"""``--attention-kernel`` choices: ``stock`` keeps the model's attention (sdpa); ``exact`` is this module's."""
+ATTENTION_KERNELS = ("auto", "stock", "gqa", "exact")
+"""``--attention-kernel`` choices: ``stock`` keeps the model's attention (sdpa); ``gqa`` is sdpa broadcasting grouped
+KV heads in masked multi-row calls on the CPU (:mod:`specgraft.eval.gqa_attention`); ``exact`` is this module's;
+``auto`` (the default) is ``gqa`` on the CPU for an sdpa model with grouped KV heads, else ``stock``."""
 
 ROWS_KWARG = "specgraft_rows"
 """The keyword the decoder passes a :class:`RowKeys` under; transformers forwards it to every attention call."""
@@ -264,23 +266,46 @@ def uses_exact_attention(model: Any) -> bool:
 
 
 def attention_kernel_of(model: Any) -> str:
-    """``exact`` or ``stock``: the ``--attention-kernel`` ``model`` runs (what cost profiles record)."""
-    return "exact" if uses_exact_attention(model) else "stock"
+    """``exact``, ``gqa`` or ``stock``: the ``--attention-kernel`` ``model`` runs (what cost profiles record)."""
+    if uses_exact_attention(model):
+        return "exact"
+    return "gqa" if getattr(model.config, "_attn_implementation", None) == GQA_ATTENTION else "stock"
 
 
 def add_attention_kernel_argument(parser: argparse.ArgumentParser) -> None:
-    """Add ``--attention-kernel {stock,exact}`` to a decoding command."""
-    parser.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default="stock",
-                        help="stock: the target's own attention (sdpa); exact: verification rows computed bit for "
-                             "bit like one-token decoding, so greedy answers are token-identical to plain decoding "
-                             "in bf16 too (a few ms more per forward; the prefill stays sdpa)")
+    """Add ``--attention-kernel {auto,stock,gqa,exact}`` to a decoding command."""
+    parser.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default="auto",
+                        help="stock: the target's own attention (sdpa); gqa: sdpa that broadcasts grouped KV heads "
+                             "in the masked multi-row calls of verification on the CPU instead of copying them "
+                             "(plain one-token steps are unchanged); exact: verification rows computed bit for bit "
+                             "like one-token decoding, so greedy answers are token-identical to plain decoding in "
+                             "bf16 too (a few ms more per forward; the prefill stays sdpa); auto (default): gqa on "
+                             "the CPU for an sdpa model with grouped KV heads, else stock")
+
+
+def resolve_attention_kernel(choice: str, model: Any) -> str:
+    """``stock``, ``gqa`` or ``exact`` for a ``--attention-kernel`` choice on ``model`` (``auto`` resolved)."""
+    if choice not in ATTENTION_KERNELS:
+        raise SpecgraftError(f"--attention-kernel {choice!r} is not one of {', '.join(ATTENTION_KERNELS)}")
+    if choice != "auto":
+        return choice
+    from specgraft.eval.gqa_attention import grouped_kv_heads
+
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
+    return "gqa" if on_cpu and sdpa and grouped_kv_heads(model) else "stock"
 
 
 def apply_attention_kernel(choice: str, model: Any) -> str:
-    """Switch the target ``model`` to the ``--attention-kernel`` ``choice``; returns the choice."""
-    if choice not in ATTENTION_KERNELS:
-        raise SpecgraftError(f"--attention-kernel {choice!r} is not one of {', '.join(ATTENTION_KERNELS)}")
+    """Switch the target ``model`` to the ``--attention-kernel`` ``choice``; returns the kernel it runs."""
+    choice = resolve_attention_kernel(choice, model)
     if choice == "stock":
+        return choice
+    if choice == "gqa":
+        from specgraft.eval.gqa_attention import register_gqa_attention
+
+        register_gqa_attention()
+        model.set_attn_implementation(GQA_ATTENTION)
         return choice
     layout = attention_layout(model)
     config = text_config(model)

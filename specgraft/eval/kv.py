@@ -28,9 +28,12 @@ EXACT_ATTENTION = "specgraft_exact"
 """The name :mod:`specgraft.eval.exact_attention` registers its kernel under (``config._attn_implementation``); kept
 here, below that module, so that the two import in one direction."""
 
+GQA_ATTENTION = "specgraft_gqa"
+"""The name :mod:`specgraft.eval.gqa_attention` registers its kernel under (sdpa broadcasting grouped KV heads)."""
+
 #: Attention kernels that honour an arbitrary 4D additive mask (the exact one takes row layouts instead, and sdpa's
 #: masks where it has none).
-MASKABLE_ATTENTION = ("eager", "sdpa", EXACT_ATTENTION)
+MASKABLE_ATTENTION = ("eager", "sdpa", EXACT_ATTENTION, GQA_ATTENTION)
 _SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 

@@ -75,9 +75,10 @@ def test_eval_self_drafter_writes_every_output(disk, tmp_path, capsys):
 
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     assert {"target", "drafter", "settings", "overall", "domains", "plots", "answers"} <= set(report)
-    # linear_kernel auto: the tiny target has no layer worth switching
+    # linear_kernel auto: the tiny target has no layer worth switching; attention_kernel auto: its 4 query heads
+    # share 2 KV heads on the CPU, so verification broadcasts them (gqa)
     assert report["drafter"] == {"type": "self", "path": None, "mode": "chain", "k": 3,
-                                "attention_kernel": "stock", "linear_kernel": "stock"}
+                                "attention_kernel": "gqa", "linear_kernel": "stock"}
     assert {"temperature", "top_p", "top_k", "max_new_tokens", "lossy", "repeats", "seed"} <= set(report["settings"])
     assert report["plots"] == PLOTS and report["answers"] == "answers.jsonl"
     assert set(report["domains"]) == {"writing", "math"}
@@ -102,7 +103,7 @@ def test_eval_draft_model_tree_and_limit(disk, tmp_path, capsys):
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     assert report["drafter"] == {"type": "draft_model", "path": str(disk / "draft"), "mode": "tree", "k": 3,
                                  "branching": [2, 2], "setting_source": "flags",
-                                 "attention_kernel": "stock", "linear_kernel": "stock"}
+                                 "attention_kernel": "gqa", "linear_kernel": "stock"}
     assert report["overall"]["num_prompts"] == 2 and report["overall"]["lossless_passed"] is True
     assert 1.0 <= report["overall"]["tau"] <= 4.0
 
