@@ -290,6 +290,12 @@ def _speedup_of(measured: Mapping[str, Any] | None) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
+def check_min_speedup(min_speedup: float) -> None:
+    """Refuse a ``--min-speedup`` that is not a positive finite number (one error line)."""
+    if not (math.isfinite(min_speedup) and min_speedup > 0):
+        raise SpecgraftError(f"--min-speedup must be a positive number, got {min_speedup}")
+
+
 def choose(result: TuneResult, plain_step_s: float, min_speedup: float = DEFAULT_MIN_SPEEDUP) -> TuneResult:
     """Set ``result.chosen`` (and ``result.measured["tuned"]``): the fastest of the predicted best and the default
     by their confirming evals' measured speedups (``result.measured["best"]`` / ``["default"]``), or, unconfirmed,
@@ -297,8 +303,7 @@ def choose(result: TuneResult, plain_step_s: float, min_speedup: float = DEFAULT
 
     Plain decoding's "measurement" is plain decoding itself: speedup 1 and tau 1 by definition, at the best run's
     interleaved baseline speed."""
-    if not (math.isfinite(min_speedup) and min_speedup > 0):
-        raise SpecgraftError(f"--min-speedup must be a positive number, got {min_speedup}")
+    check_min_speedup(min_speedup)
     best = result.candidates[0]
     measured_best = result.measured.get("best")
     if measured_best is None:  # unconfirmed: the prediction decides
@@ -537,8 +542,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.prompts:
         raise SpecgraftError("tuning needs calibration prompts; pass --prompts FILE (the prompts you will serve)")
-    if not (math.isfinite(args.min_speedup) and args.min_speedup > 0):
-        raise SpecgraftError(f"--min-speedup must be a positive number, got {args.min_speedup}")
+    check_min_speedup(args.min_speedup)  # before anything is loaded
     source_dir = args.head if args.head is not None else args.draft
     tuned_file = source_dir / TUNED_NAME
     if tuned_file.exists() and not args.overwrite:
