@@ -50,6 +50,13 @@ would flip with timing noise between runs (and a cost profile records which kern
 WEIGHT_MAJOR_MAX_ROWS = 16
 """Rows up to which the weight-major form is used; from 24 rows on it measured no faster than ``nn.Linear``."""
 
+SINGLE_ROW_PAD_MIN_SPEEDUP = 1.1
+"""A switched layer computes a single row as two (the row twice, one result kept) when that is measured at least this
+much faster than its one-row product (:func:`choose_single_row_padding`)."""
+
+SINGLE_ROW_PAD_REPEATS = 5
+"""Alternating timed calls per layout and layer when choosing the single-row form; the medians count."""
+
 WEIGHT_MAJOR_MIN_WEIGHTS = 1 << 16
 """Layers with fewer weights keep ``nn.Linear``: their product is a few microseconds either way and the extra
 transposes would only add dispatch overhead (the tiny stories260K and demo targets are all below it)."""
@@ -146,12 +153,16 @@ def weight_major_linear_class() -> type:
         """``nn.Linear`` whose inference forward on at most ``max_rows`` rows computes ``(W @ x^T)^T``."""
 
         weight_major_max_rows: int = WEIGHT_MAJOR_MAX_ROWS
+        #: Compute a single row as two (see :func:`choose_single_row_padding`); off unless measured faster.
+        weight_major_pad_single_row: bool = False
 
         def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Linear's own name
             rows = input.numel() // self.in_features if self.in_features else 0
             if rows == 0 or rows > self.weight_major_max_rows or (
                     torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad)):
                 return F.linear(input, self.weight, self.bias)
+            if rows == 1 and self.weight_major_pad_single_row:
+                return padded_single_row_linear(input, self.weight, self.bias)
             return weight_major_linear(input, self.weight, self.bias)
 
     return WeightMajorLinear
@@ -167,6 +178,51 @@ def weight_major_linear(input: Any, weight: Any, bias: Any = None) -> Any:  # no
     else:
         out = torch.addmm(bias.unsqueeze(1), weight, flat.t())
     return out.t().contiguous().reshape(*input.shape[:-1], weight.shape[0])
+
+
+def padded_single_row_linear(input: Any, weight: Any, bias: Any = None) -> Any:  # noqa: A002 - F.linear's name
+    """``F.linear`` of one row computed as the weight-major product of that row twice, the first result kept.
+
+    On some CPUs the BLAS's matrix-vector product is far slower than its two-column product for a tall weight:
+    SmolLM2's [49152, 576] lm_head took 9.4 ms for one row (any layout) and 2.8 ms for two on the AMD EPYC of
+    2026-12-05 (MKL 2024.2, 2 threads), so plain decoding paid 6.6 ms per token that a verification step did not."""
+    flat = input.reshape(1, weight.shape[1])
+    # A real second row: an expanded (stride-0) one sends MKL down a slower path than the one-row product (16 ms).
+    out = weight_major_linear(flat.repeat(2, 1), weight, bias)[:1]  # [1, out]
+    return out.reshape(*input.shape[:-1], weight.shape[0])
+
+
+def choose_single_row_padding(*modules: Any, repeats: int = SINGLE_ROW_PAD_REPEATS) -> int:
+    """For every weight-major layer inside ``modules``, time its one-row product both ways (``F.linear``, and
+    :func:`padded_single_row_linear`, alternating, medians) and pad where that is at least
+    :data:`SINGLE_ROW_PAD_MIN_SPEEDUP` times faster; returns how many layers pad. Plain decoding's every product is
+    one row, so this is the baseline's speed: it must be as fast as this machine allows."""
+    import statistics
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    cls = weight_major_linear_class()
+    padded = 0
+    with torch.no_grad():
+        for layer in _linear_layers(modules):
+            if type(layer) is not cls:
+                continue
+            x = torch.randn(1, layer.in_features, dtype=layer.weight.dtype, device=layer.weight.device)
+            times: dict[str, list[float]] = {"one": [], "two": []}
+            forms = {"one": F.linear, "two": padded_single_row_linear}
+            for form in forms.values():
+                form(x, layer.weight, layer.bias)  # warm-up
+            for _ in range(repeats):
+                for name, form in forms.items():
+                    start = time.perf_counter()
+                    form(x, layer.weight, layer.bias)
+                    times[name].append(time.perf_counter() - start)
+            speedup = statistics.median(times["one"]) / statistics.median(times["two"])
+            layer.weight_major_pad_single_row = speedup >= SINGLE_ROW_PAD_MIN_SPEEDUP
+            padded += layer.weight_major_pad_single_row
+    return padded
 
 
 def _linear_layers(modules: tuple[Any, ...]) -> Any:
@@ -207,6 +263,7 @@ def use_stock_linears(*modules: Any) -> int:
         if type(layer) is cls:
             layer.__class__ = nn.Linear
             del layer.weight_major_max_rows
+            layer.__dict__.pop("weight_major_pad_single_row", None)
             switched += 1
     return switched
 
@@ -217,5 +274,7 @@ def apply_linear_kernel(choice: str, device: str, dtype: str, *modules: Any) -> 
     kernel = resolve_linear_kernel(choice, device, dtype, *modules)
     if kernel == "weight-major":
         count = use_weight_major_linears(*modules)
-        logger.info("linear kernel: weight-major for up to %d rows (%d layers)", WEIGHT_MAJOR_MAX_ROWS, count)
+        padded = choose_single_row_padding(*modules)
+        logger.info("linear kernel: weight-major for up to %d rows (%d layers; %d compute one row as two, measured "
+                    "faster here)", WEIGHT_MAJOR_MAX_ROWS, count, padded)
     return kernel

@@ -141,3 +141,68 @@ def test_profile_measured_with_another_kernel_warns_naming_both():
     (message,) = check_profile(profile, None, None, linear_kernel="weight-major")
     assert "stock linear kernel" in message and "uses weight-major" in message
     assert check_profile(profile, None, None, linear_kernel="stock") == []
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1,), (1, 1), (1, 1, 1)])
+@torch.no_grad()
+def test_a_padded_single_row_equals_nn_linear(bias, shape):
+    """A switched layer told to pad computes one row as two and keeps the first: nn.Linear's result, any leading
+    shape; rows > 1 are unaffected by the flag."""
+    from specgraft.eval.kernels import padded_single_row_linear
+
+    torch.manual_seed(0)
+    layer = nn.Linear(48, 80, bias=bias)
+    x = torch.randn(*shape, 48)
+    expected = F.linear(x, layer.weight, layer.bias)
+    out = padded_single_row_linear(x, layer.weight, layer.bias)
+    assert out.shape == expected.shape and out.is_contiguous()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    use_weight_major_linears(layer, min_weights=0)
+    layer.weight_major_pad_single_row = True
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+    three = torch.randn(3, 48)
+    torch.testing.assert_close(layer(three), F.linear(three, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_single_row_padding_is_chosen_by_measurement(monkeypatch):
+    """Each weight-major layer pads exactly when its padded one-row product measured >= SINGLE_ROW_PAD_MIN_SPEEDUP
+    times faster (timings faked: the padded form 'costs' 1 s for the narrow layer and 0.1 s for the wide one, the
+    one-row product 0.5 s for both); unswitched layers are not touched; undoing the switch drops the flag."""
+    import itertools
+
+    import specgraft.eval.kernels as kernels
+
+    narrow, wide, untouched = nn.Linear(16, 8), nn.Linear(16, 64), nn.Linear(16, 4)
+    use_weight_major_linears(narrow, wide, min_weights=0)
+    costs = {}
+    real_linear = F.linear
+
+    def fake_one(x, weight, bias=None):
+        costs["next"] = 0.5
+        return real_linear(x, weight, bias)
+
+    def fake_two(x, weight, bias=None):
+        costs["next"] = 1.0 if weight.shape[0] == 8 else 0.1
+        return real_linear(x, weight, bias)
+
+    clock = itertools.count()
+    now = {"t": 0.0}
+
+    def perf_counter():
+        # even calls start a timing, odd calls end it, advancing by the cost of the call in between
+        if next(clock) % 2:
+            now["t"] += costs.pop("next", 0.0)
+        return now["t"]
+
+    monkeypatch.setattr(F, "linear", fake_one)
+    monkeypatch.setattr(kernels, "padded_single_row_linear", fake_two)
+    import time
+
+    monkeypatch.setattr(time, "perf_counter", perf_counter)
+    assert kernels.choose_single_row_padding(narrow, wide, untouched) == 1
+    monkeypatch.undo()
+    assert wide.weight_major_pad_single_row and not narrow.weight_major_pad_single_row
+    assert not hasattr(untouched, "weight_major_pad_single_row")
+    kernels.use_stock_linears(wide)
+    assert type(wide) is nn.Linear and "weight_major_pad_single_row" not in wide.__dict__
