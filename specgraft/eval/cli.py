@@ -144,11 +144,11 @@ def _model_drafter(args: argparse.Namespace, target: Any, dtype: Any, device: st
         return SelfDrafter(k=k, tree_topk=branching), {"type": "self", "path": None, "mode": mode, **info}
     from specgraft.eval.tune import is_plain
 
-    draft, draft_tok = load_draft_model(args.draft, target, dtype, device)
     explicit = args.k is not None or args.mode is not None or args.branching is not None
     tuned = _tuned_setting(args, Path(args.draft), explicit, target)
-    if tuned is not None and is_plain(tuned[0]):
+    if tuned is not None and is_plain(tuned[0]):  # nothing drafts: the draft model is not loaded
         return None, {"type": "draft_model", "path": str(args.draft), "mode": "plain", "setting_source": tuned[1]}
+    draft, draft_tok = load_draft_model(args.draft, target, dtype, device)
     if tuned is not None:
         setting, source, _ = tuned
         k, mode, info = int(setting["k"]), "chain", {"k": int(setting["k"])}

@@ -116,11 +116,15 @@ def row_keys(past: int, paths: torch.Tensor, depths: torch.Tensor) -> RowKeys:
     return RowKeys(past=past, shared=shared, tail_index=torch.where(valid, index, 0), tail_padding=~valid)
 
 
+def chain_paths(length: int, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(paths [q, q], depths [q]) of ``length`` rows that form a causal chain (row ``i``'s path is rows ``0..i``)."""
+    idx = torch.arange(length, device=device)
+    return torch.where(idx.unsqueeze(0) <= idx.unsqueeze(1), idx.unsqueeze(0), 0), idx
+
+
 def chain_row_keys(past: int, length: int, device: torch.device | str | None = None) -> RowKeys:
     """:func:`row_keys` for ``length`` rows that form a causal chain (row ``i`` sees rows ``0..i``)."""
-    idx = torch.arange(length, device=device)
-    paths = torch.where(idx.unsqueeze(0) <= idx.unsqueeze(1), idx.unsqueeze(0), 0)  # [q, q]
-    return row_keys(past, paths, idx)
+    return row_keys(past, *chain_paths(length, device))
 
 
 def exact_attention_forward(
@@ -228,13 +232,10 @@ def rows_computed_independently(kv_heads: int, group: int, dim: int, dtype: str,
     torch_dtype = getattr(torch, dtype.removeprefix("torch."))
     module = argparse.Namespace(num_key_value_groups=group, is_causal=True)
     structure = tree_structure(PROBE_TREE)
-    tree_paths, tree_depths = structure.row_paths(), structure.row_depths()
+    q = structure.size + 1
+    layouts = ((structure.row_paths(), structure.row_depths()), chain_paths(q))  # a tree, a chain of as many rows
     for past in PROBE_PAST:
-        for paths, depths in ((tree_paths, tree_depths), (None, None)):
-            q = structure.size + 1
-            if paths is None:  # a causal chain of the same number of rows
-                idx = torch.arange(q)
-                paths, depths = torch.where(idx.unsqueeze(0) <= idx.unsqueeze(1), idx.unsqueeze(0), 0), idx
+        for paths, depths in layouts:
             keys, values = (torch.randn(1, kv_heads, past + q, dim, generator=gen).to(device=device, dtype=torch_dtype)
                             for _ in range(2))
             query = torch.randn(1, kv_heads * group, q, dim, generator=gen).to(device=device, dtype=torch_dtype)

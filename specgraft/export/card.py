@@ -140,7 +140,9 @@ def _tuned_section(tuned: Mapping[str, Any] | None) -> list[str]:
              + (f", {device['linear_kernel']} linear kernel" if device.get("linear_kernel") else "")
              + f"): `{json.dumps(setting)}`."]
     predicted, measured = tuned.get("predicted") or {}, (tuned.get("measured") or {}).get("tuned") or {}
-    if setting.get("mode") == "plain":
+    from specgraft.eval.tune import is_plain  # here, not at import: the card module stays light
+
+    if is_plain(setting):
         best = (tuned.get("measured") or {}).get("best") or {}
         lines.append("No drafting setting was faster than plain decoding on that device"
                      + (f" (the best measured {best['speedup_ratio_of_totals']:.2f}x)"

@@ -46,9 +46,11 @@ def tuned_engine_settings(tuned: Mapping[str, Any]) -> dict[str, Any]:
     """Engine settings for a ``tuned.json`` record (``specgraft tune``): vLLM's ``num_speculative_tokens``, SGLang's
     ``--speculative-num-steps/--speculative-eagle-topk/--speculative-num-draft-tokens`` (root counted) and
     TensorRT-LLM's ``max_draft_len`` (plus ``medusa_choices`` for a Medusa tree)."""
+    from specgraft.eval.tune import is_plain
+
     setting = tuned.get("setting") or {}
     kind = tuned.get("kind")
-    if setting.get("mode") == "plain":
+    if is_plain(setting):
         # Tuned to plain decoding on its device: nothing to say about draft lengths (engines keep their defaults).
         return {}
     if kind == "medusa":

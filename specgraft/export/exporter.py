@@ -326,12 +326,6 @@ def export_head(
         raise SpecgraftError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_NAMES)}")
     tuned = read_tuned(head_dir)
     engines = tuned_engine_settings(tuned) if tuned is not None else {}
-    plain_warning = None
-    if tuned is not None and is_plain(tuned["setting"]):
-        device = tuned.get("device") or {}
-        plain_warning = (f"{head_dir / TUNED_NAME} found no drafting setting faster than plain decoding on "
-                         f"{device.get('device')} ({device.get('device_name')}, {device.get('dtype')}); the export "
-                         "carries the engines' default draft lengths: re-run `specgraft tune` on the serving device")
     if speculative_tokens is None:
         speculative_tokens = (engines.get("vllm", {}).get("num_speculative_tokens", DEFAULT_SPECULATIVE_TOKENS))
     if speculative_tokens < 1:
@@ -343,8 +337,11 @@ def export_head(
     state = read_head_state(head_dir, meta, info)
     if base_model is not None:
         require_hub_base_model(base_model)
-    if plain_warning is not None:
-        warnings.append(plain_warning)
+    if tuned is not None and is_plain(tuned["setting"]):
+        device = tuned.get("device") or {}
+        warnings.append(f"{head_dir / TUNED_NAME} found no drafting setting faster than plain decoding on "
+                        f"{device.get('device')} ({device.get('device_name')}, {device.get('dtype')}); the export "
+                        "carries the engines' default draft lengths: re-run `specgraft tune` on the serving device")
     local_warning = local_base_model_warning(base) if fmt != "native" else None
     if local_warning is not None:
         warnings.append(local_warning)
