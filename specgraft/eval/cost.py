@@ -8,6 +8,10 @@
   fixed set of random tokens, so the time is verification plus the decoder's own bookkeeping: exactly what a step
   costs besides drafting. ``n = 1`` is a plain decoding step. Each value is the slope of generation time over the
   number of steps (two generation lengths, so prefill cancels), median over ``--repeats``.
+* ``bookkeeping_s``: the part of each ``step_s`` outside the verification forward and its verdict (the decoder's
+  own work per step: tree structure and mask, KV rollback), from the same runs. ``specgraft tune`` adds it to the
+  verification time it measures in the calibration run, so one noisy ``step_s`` value does not set the per-step
+  overhead it charges every candidate.
 * ``forward_s``: the bare target forward of ``n`` new tokens on a ``kv_length`` cache (no decoder), for reference.
 * Load drift: every time is taken as a ratio to a bare one-token target forward timed right next to it (each
   ``n``-token step also to a plain step timed right before it) and scaled back with that forward's median over
@@ -70,6 +74,8 @@ class CostProfile:
         target: the target's identity dict (``name_or_path``, ``architecture``, sizes).
         kv_length: tokens in the KV cache during the measurement.
         step_s: ``{"chain": {n: s}, "tree": {n: s}}``, a decoder step verifying ``n`` tokens (root included).
+        bookkeeping_s: like ``step_s``, the part of a step outside the verification forward and its verdict
+            (empty in profiles written before it existed).
         forward_s: ``{n: s}``, the bare target forward of ``n`` tokens.
         drafters: ``{label: {"kind": ..., "path": ..., <setting tables>}}`` (see the module docstring).
         linear_kernel: the decode-time matmul layout the times were measured with (``stock`` or ``weight-major``,
@@ -86,6 +92,7 @@ class CostProfile:
     target: dict[str, Any]
     kv_length: int
     step_s: dict[str, dict[int, float]]
+    bookkeeping_s: dict[str, dict[int, float]] = field(default_factory=dict)
     forward_s: dict[int, float] = field(default_factory=dict)
     drafters: dict[str, dict[str, Any]] = field(default_factory=dict)
     linear_kernel: str = "stock"
@@ -95,7 +102,8 @@ class CostProfile:
     # -- serialisation -------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["step_s"] = {mode: {str(n): s for n, s in table.items()} for mode, table in self.step_s.items()}
+        for name in ("step_s", "bookkeeping_s"):
+            out[name] = {mode: {str(n): s for n, s in table.items()} for mode, table in getattr(self, name).items()}
         out["forward_s"] = {str(n): s for n, s in self.forward_s.items()}
         return out
 
@@ -107,12 +115,14 @@ class CostProfile:
             raise SpecgraftError(f"{where} lacks {', '.join(missing)}; {fix}")
         try:
             step = {str(mode): {int(n): float(s) for n, s in table.items()} for mode, table in data["step_s"].items()}
+            bookkeeping = {str(mode): {int(n): float(s) for n, s in table.items()}
+                           for mode, table in (data.get("bookkeeping_s") or {}).items()}
             if not step.get("chain") or 1 not in step["chain"]:
                 raise ValueError("step_s.chain has no 1-token step")
             return cls(device=str(data["device"]), device_name=str(data.get("device_name", data["device"])),
                        dtype=str(data["dtype"]), threads=int(data["threads"]),
                        torch_version=str(data["torch_version"]), target=dict(data["target"]),
-                       kv_length=int(data["kv_length"]), step_s=step,
+                       kv_length=int(data["kv_length"]), step_s=step, bookkeeping_s=bookkeeping,
                        forward_s={int(n): float(s) for n, s in (data.get("forward_s") or {}).items()},
                        drafters=dict(data.get("drafters") or {}),
                        linear_kernel=str(data.get("linear_kernel", "stock")),
@@ -143,6 +153,17 @@ class CostProfile:
         """Seconds of a decoder step verifying ``tokens`` tokens (root included), linear between measurements."""
         table = self.step_s.get("tree" if tree and tokens > 2 else "chain") or self.step_s["chain"]
         return _interpolate(table, tokens, "tokens verified")
+
+    def step_prediction(self, tokens: int, tree: bool) -> dict[str, Any]:
+        """A tuning prediction's step fields: ``step_s`` (:meth:`step_cost`) and what it verifies
+        (``verified_tokens``, ``tree``), by which :func:`specgraft.eval.tune.step_overhead` finds its parts."""
+        return {"step_s": self.step_cost(tokens, tree), "verified_tokens": int(tokens), "tree": bool(tree)}
+
+    def bookkeeping_cost(self, tokens: int, tree: bool) -> float | None:
+        """The part of :meth:`step_cost` outside the verification forward and its verdict (linear between
+        measurements), or None when the profile did not measure it."""
+        table = self.bookkeeping_s.get("tree" if tree and tokens > 2 else "chain")
+        return _interpolate(table, tokens, "tokens verified") if table else None
 
     def drafter(self, label: str) -> dict[str, Any]:
         if label not in self.drafters:
@@ -286,8 +307,10 @@ class _FixedDrafter(Drafter):
 
 
 def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repeats: int,
-                  ref: _Reference) -> dict[str, dict[int, float]]:
-    """``{"chain": {n: r}, "tree": {n: r}}``: decoder step time verifying n tokens, in units of ``ref``.
+                  ref: _Reference) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]]]:
+    """``({"chain": {n: r}, "tree": {n: r}}, bookkeeping)``: decoder step time verifying n tokens, in units of
+    ``ref``, and the part of it outside the verification forward and its verdict (the decoder's own work: tree,
+    mask, KV rollback), same keys.
 
     Each measurement of ``n`` tokens is paired with a plain step measured right before it (and the plain step with
     the reference forward), and medians of the ratios are kept: on a shared machine the load drifts, and pairing
@@ -299,14 +322,18 @@ def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repea
     device = model_device(model)
     prompt = _random_prompt(vocab, kv_length)
 
-    def slope(decoder: SpeculativeDecoder, n: int = 1) -> float | None:
+    def slope(decoder: SpeculativeDecoder, n: int = 1) -> tuple[float, float] | None:
         # The decoder prunes drafts deeper than remaining - 1 tokens, so a chain of n - 1 nodes is verified whole
         # only while n or more tokens remain: both runs leave n, and their difference is steps of exactly n tokens
-        # (random drafts are rejected, so each step emits one token).
+        # (random drafts are rejected, so each step emits one token). Returns (step, its non-verify part).
         short = decoder.generate(prompt, n + SHORT_STEPS)
         long = decoder.generate(prompt, n + LONG_STEPS)
         steps = long.num_steps - short.num_steps
-        return (long.wall_time_s - short.wall_time_s) / steps if steps > 0 else None
+        if steps <= 0:
+            return None
+        step = (long.wall_time_s - short.wall_time_s) / steps
+        verify = (long.verify_time_s - short.verify_time_s) / steps
+        return step, step - verify
 
     plain = SpeculativeDecoder(model, None, drafter=None, ignore_eos=True)
     layers = int(text_config(model).num_hidden_layers)
@@ -317,18 +344,26 @@ def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repea
         decoder.generate(prompt, SHORT_STEPS)  # warm-up
     plain_times: list[float] = []
     ratios: dict[tuple[str, int], list[float]] = {key: [] for key in decoders}
+    bookkeeping: dict[tuple[str, int], list[float]] = {("chain", 1): [], **{key: [] for key in decoders}}
     for _ in range(repeats):
         for key, decoder in decoders.items():
             unit = ref.time()
             base, step = slope(plain), slope(decoder, key[1] if key[0] == "chain" else 1)
-            if base is not None and base > 0:
-                plain_times.append(base / unit)
+            if base is not None and base[0] > 0:
+                plain_times.append(base[0] / unit)
+                bookkeeping["chain", 1].append(base[1] / base[0])
                 if step is not None:
-                    ratios[key].append(step / base)
+                    ratios[key].append(step[0] / base[0])
+                    bookkeeping[key].append(step[1] / base[0])
     if not plain_times:
         raise SpecgraftError("could not time a plain decoding step (the decoder stopped early); raise --kv-length "
                              "headroom or check the target")
-    return step_table(statistics.median(plain_times), ratios)
+    plain_s = statistics.median(plain_times)
+    parts: dict[str, dict[int, float]] = {"chain": {}, "tree": {}}
+    for (mode, n), values in bookkeeping.items():
+        if values:
+            parts[mode][n] = max(statistics.median(values), 0.0) * plain_s
+    return step_table(plain_s, ratios), parts
 
 
 def step_table(plain_s: float, ratios: dict[tuple[str, int], list[float]]) -> dict[str, dict[int, float]]:
@@ -514,7 +549,7 @@ def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_le
     # Every time is measured as a ratio to a bare one-token forward timed next to it, and scaled back with that
     # forward's median over the whole run, so steps and drafters share one time base despite load drift.
     ref = _Reference(model, kv_length, draft_calls)
-    step = measure_steps(model, kv_length, counts, repeats, ref)
+    step, bookkeeping = measure_steps(model, kv_length, counts, repeats, ref)
     forward = measure_forwards(model, kv_length, counts, repeats)
     drafters: dict[str, dict[str, Any]] = {}
     tables = ("per_call_s", "chain_s", "tree_s", "catchup_s")
@@ -524,14 +559,15 @@ def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_le
     for label, draft in drafts:
         logger.info("measuring the draft model %s", label)
         drafters[label] = {**measure_draft_model(draft, model, kv_length, draft_calls, ref), "path": label}
-    step = ref.scale(step)
+    step, bookkeeping = ref.scale(step), ref.scale(bookkeeping)
     for section in drafters.values():
         for table in tables:
             if table in section:
                 section[table] = ref.scale(section[table])
     return CostProfile(device=str(device), device_name=device_description(str(device)), dtype=str(dtype),
                        threads=int(threads), torch_version=str(torch.__version__), target=target.identity.to_dict(),
-                       kv_length=int(kv_length), step_s=step, forward_s=forward, drafters=drafters,
+                       kv_length=int(kv_length), step_s=step, bookkeeping_s=bookkeeping, forward_s=forward,
+                       drafters=drafters,
                        linear_kernel=str(linear_kernel), attention_kernel=attention_kernel_of(model))
 
 

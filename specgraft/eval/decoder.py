@@ -58,6 +58,10 @@ class GenerationResult:
         num_target_forwards: target forwards, the prefill included.
         wall_time_s: wall-clock seconds for the whole generation (prefill, drafting, verification).
         draft_time_s: the part of ``wall_time_s`` spent in ``Drafter.propose`` / ``accept``.
+        prefill_time_s: the part of ``wall_time_s`` spent in the prompt's prefill forward.
+        verify_time_s: the part of ``wall_time_s`` spent in the verification forwards and their verdicts (from
+            the forward's call to the step's one device read; the rest of a step is the decoder's bookkeeping:
+            tree and mask, KV rollback, hidden-state gather). ``specgraft tune`` calibrates with these parts.
         stop_reason: ``eos``, ``max_new_tokens`` or ``context_limit``.
     """
 
@@ -74,6 +78,8 @@ class GenerationResult:
     num_target_forwards: int = 0
     wall_time_s: float = 0.0
     draft_time_s: float = 0.0
+    prefill_time_s: float = 0.0
+    verify_time_s: float = 0.0
     stop_reason: str = STOP_MAX_NEW_TOKENS
 
     @property
@@ -235,6 +241,8 @@ class SpeculativeDecoder:
                              output_hidden_states=bool(needs), logits_to_keep=1)
             result.num_target_forwards += 1
             hidden = {i: out.hidden_states[i][0] for i in needs}  # [L-1, H] each
+            _sync(self.device)  # once per generation: the prefill's time is its own, not the first step's
+            result.prefill_time_s = time.perf_counter() - start
         # Accepted tokens on the device for DraftContext (written as they are accepted, read as a view).
         token_buffer = torch.tensor(tokens + [0] * min(max_new_tokens, _TOKEN_BUFFER_STEP), dtype=torch.long,
                                     device=self.device)
@@ -260,6 +268,7 @@ class SpeculativeDecoder:
             root = token_buffer[past : length]  # [1]
             node_tokens = tree.tokens.clamp(0, self.vocab_size - 1)  # out-of-range ids are flagged, not embedded
             ids = torch.cat([root, node_tokens]).unsqueeze(0)  # [1, n+1]
+            verify_start = time.perf_counter()
             if self.exact_rows:
                 # Row-exact attention: each row attends to its own keys in logical order, computed as one-token
                 # decoding computes them (specgraft.eval.exact_attention); no mask is needed.
@@ -290,6 +299,7 @@ class SpeculativeDecoder:
             result.num_target_forwards += 1
             logits = out.logits[0]  # [n+1, V]
             accepted, bonus, row_alpha = self._verify(tree, structure, node_tokens, logits)
+            result.verify_time_s += time.perf_counter() - verify_start  # _verify read the device: the forward is done
 
             emitted = accepted[1] + [bonus]
             accepted = accepted[0]

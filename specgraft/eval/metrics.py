@@ -150,4 +150,6 @@ def summarize(results: Sequence[Any]) -> dict[str, Any]:
         "alpha_exact": alpha_exact(a_sum, a_cnt),
         "target_forwards": sum(r.num_target_forwards for r in results),
         "draft_time_s": sum(r.draft_time_s for r in results),
+        "prefill_time_s": sum(r.prefill_time_s for r in results),
+        "verify_time_s": sum(r.verify_time_s for r in results),
     }

@@ -138,7 +138,9 @@ def _timed_pair(base: SpeculativeDecoder, spec: SpeculativeDecoder, ids: list[in
     spec_times = [r.wall_time_s for r in spec_runs]
     b.wall_time_s = statistics.median(base_times)
     s.wall_time_s = statistics.median(spec_times)
-    s.draft_time_s = statistics.median(r.draft_time_s for r in spec_runs)
+    for part in ("draft_time_s", "prefill_time_s", "verify_time_s"):
+        for first, runs in ((b, base_runs), (s, spec_runs)):
+            setattr(first, part, statistics.median(getattr(r, part) for r in runs))
     return b, s, base_times, spec_times
 
 
@@ -344,12 +346,15 @@ def summarize_records(records: Sequence[TurnRecord], greedy: bool) -> dict[str, 
         "baseline_new_tokens": base["new_tokens"],
         "wall_time_s": spec["wall_time_s"],
         "baseline_wall_time_s": base["wall_time_s"],
+        "baseline_prefill_time_s": base["prefill_time_s"],
         "steps": steps,
         "depth_attempted": spec["depth_attempted"],
         "depth_accepted": spec["depth_accepted"],
         "target_forwards": spec["target_forwards"],
         "baseline_target_forwards": base["target_forwards"],
         "draft_time_s": spec["draft_time_s"],
+        "prefill_time_s": spec["prefill_time_s"],
+        "verify_time_s": spec["verify_time_s"],
         "draft_cost_per_step": draft_cost,
         "verify_cost_per_step": verify_cost,
     })

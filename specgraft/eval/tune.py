@@ -70,8 +70,14 @@ class Candidate:
     tokens_per_s: float = 0.0
     speedup: float = 0.0
     #: What a real step pays beyond the profile's draft + verify times (the drafter catching up on accepted
-    #: tokens, KV rollback, tree bookkeeping), calibrated on the calibration run: see :func:`step_overhead`.
+    #: tokens, KV rollback of accepted paths, tree bookkeeping), calibrated on the calibration run: see
+    #: :func:`step_overhead`.
     overhead_s: float = 0.0
+    #: The prompt's prefill per generated token (the calibration run's), paid by plain decoding alike.
+    prefill_s_per_token: float = 0.0
+    #: Tokens verified per step (root included) and whether as a tree: what ``step_s`` is the profile's cost of.
+    verified_tokens: int = 0
+    tree: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,9 +88,11 @@ def is_plain(setting: Mapping[str, Any] | None) -> bool:
     return bool(setting) and setting.get("mode") == PLAIN_SETTING["mode"]
 
 
-def plain_candidate(plain_step_s: float) -> Candidate:
-    """Plain decoding as a candidate: one token per plain step, speedup 1 by definition."""
-    return finish_candidate(Candidate(dict(PLAIN_SETTING), 0.0, 0.0, plain_step_s), plain_step_s)
+def plain_candidate(plain_step_s: float, prefill_s_per_token: float = 0.0) -> Candidate:
+    """Plain decoding as a candidate: one token per plain step (plus the prefill per token), speedup 1 by
+    definition."""
+    return finish_candidate(Candidate(dict(PLAIN_SETTING), 0.0, 0.0, plain_step_s, verified_tokens=1),
+                            plain_step_s, prefill_s_per_token=prefill_s_per_token)
 
 
 def kind_of(head_type: str) -> str:
@@ -117,31 +125,81 @@ def family_search(kind: str) -> Mapping[str, Callable[..., Any]]:
                          "version")
 
 
-def finish_candidate(c: Candidate, plain_step_s: float, overhead_s: float | None = None) -> Candidate:
-    """Fill in a candidate's predicted tokens/s, ``(1 + E[accepted]) / (draft + step + overhead)``, and its
-    speedup over a plain step (``overhead_s`` given: replaces the candidate's)."""
+def finish_candidate(c: Candidate, plain_step_s: float, overhead_s: float | None = None,
+                     prefill_s_per_token: float | None = None) -> Candidate:
+    """Fill in a candidate's predicted tokens/s, ``1 / ((draft + step + overhead) / (1 + E[accepted]) + prefill per
+    token)``, and its speedup over plain decoding (a plain step per token plus the same prefill per token), as an
+    eval measures both (``overhead_s`` / ``prefill_s_per_token`` given: replace the candidate's)."""
     if overhead_s is not None:
         c.overhead_s = overhead_s
-    c.tokens_per_s = (1.0 + c.expected_accepted) / (c.draft_s + c.step_s + c.overhead_s)
-    c.speedup = c.tokens_per_s * plain_step_s
+    if prefill_s_per_token is not None:
+        c.prefill_s_per_token = prefill_s_per_token
+    c.tokens_per_s = 1.0 / ((c.draft_s + c.step_s + c.overhead_s) / (1.0 + c.expected_accepted)
+                            + c.prefill_s_per_token)
+    c.speedup = c.tokens_per_s * (plain_step_s + c.prefill_s_per_token)
     return c
 
 
-def step_overhead(measured: dict[str, Any], predicted: Candidate, plain_step_s: float) -> float:
+def _calibration_drift(measured: Mapping[str, Any], plain_step_s: float) -> float | None:
+    """How much slower the calibration ran than the profile (> 1: slower): its interleaved baseline's seconds per
+    token over the profile's plain step, or None when the numbers are missing or not finite."""
+    base = measured.get("baseline_tokens_per_s")
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (base, plain_step_s)):
+        return None
+    baseline_s = 1.0 / base
+    prefill, tokens = measured.get("baseline_prefill_time_s"), measured.get("baseline_new_tokens")
+    if _positive(prefill, zero=True) and _positive(tokens):
+        baseline_s -= prefill / tokens  # the baseline's own steps only, as the profile's plain step
+    return baseline_s / plain_step_s if baseline_s > 0 else None
+
+
+def _positive(value: Any, zero: bool = False) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and (value >= 0 if zero else value > 0)
+
+
+def prefill_per_token(measured: Mapping[str, Any], plain_step_s: float) -> float:
+    """The calibration run's prompt prefill per generated token, at the profile's machine speed (0 when the report
+    predates the measurement): plain and speculative decoding both pay it, so it narrows every speedup."""
+    drift = _calibration_drift(measured, plain_step_s)
+    prefill, tokens = measured.get("prefill_time_s"), measured.get("new_tokens")
+    if drift is None or not _positive(prefill, zero=True) or not _positive(tokens):
+        return 0.0
+    return prefill / tokens / drift
+
+
+def step_overhead(measured: Mapping[str, Any], predicted: Candidate, profile: CostProfile) -> float:
     """Seconds per step that a measured run paid beyond its prediction's draft + verify times (>= 0).
 
-    The profile times drafting and verifying in isolation; a real step also pays the drafter's catch-up on the
-    accepted tokens, the KV rollback and the tree bookkeeping, which on a small target are a large share of the
-    step. ``measured`` is an eval's overall metrics at ``predicted``'s setting: its step time is ``tau /
-    tokens_per_s``, rescaled to the profile's machine speed by its own interleaved baseline (``baseline step /
-    profile plain step``), so load drift between profiling and calibrating cancels. Every candidate is then charged
+    The profile times drafting and verifying in isolation, with drafts that are all rejected; a real step also
+    pays the drafter's catch-up on the accepted tokens and the KV rollback and hidden-state gather of the accepted
+    path. ``measured`` is an eval's overall metrics at ``predicted``'s setting; every time in it is rescaled to the
+    profile's machine speed by its own interleaved baseline, so load drift between profiling and calibrating
+    cancels. Its step is ``(wall - prefill) / steps`` (the prefill is charged per token, see
+    :func:`prefill_per_token`). What the setting's verification should have cost is the run's own measured
+    verification time plus the profile's bookkeeping part of that step (:meth:`CostProfile.bookkeeping_cost`): so
+    the profile's timing noise at this one token count (a few % of a step) is not charged to every candidate.
+    Reports or profiles without those parts fall back to the profile's ``step_s``. Every candidate is then charged
     this residual per step: a constant per step, which favours settings that accept more tokens per step."""
-    tau, rate, base = (measured.get(k) for k in ("tau", "tokens_per_s", "baseline_tokens_per_s"))
-    values = (tau, rate, base, plain_step_s)
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values):
+    plain_step_s = profile.plain_step_s
+    drift = _calibration_drift(measured, plain_step_s)
+    steps, wall, prefill = (measured.get(k) for k in ("steps", "wall_time_s", "prefill_time_s"))
+    if drift is None:
         return 0.0
-    drift = (1.0 / base) / plain_step_s  # > 1: the calibration ran slower than the profile
-    return max(0.0, tau / rate / drift - predicted.draft_s - predicted.step_s)
+    if _positive(steps) and _positive(wall) and _positive(prefill, zero=True):
+        step = (wall - prefill) / steps / drift
+    else:  # a report that predates the parts: tau / tokens_per_s (prefill included)
+        tau, rate = measured.get("tau"), measured.get("tokens_per_s")
+        if not (_positive(tau) and _positive(rate)):
+            return 0.0
+        step = tau / rate / drift
+    verify = measured.get("verify_time_s")
+    bookkeeping = (profile.bookkeeping_cost(predicted.verified_tokens, predicted.tree)
+                   if predicted.verified_tokens else None)
+    if _positive(verify) and _positive(steps) and bookkeeping is not None:
+        expected = verify / steps / drift + bookkeeping
+    else:
+        expected = predicted.step_s
+    return max(0.0, step - predicted.draft_s - expected)
 
 
 def draft_model_cost(drafter: dict[str, Any], k: int, expected_accepted: float) -> float:
@@ -169,7 +227,7 @@ def draft_model_candidates(profile: CostProfile, drafter: dict[str, Any], reach:
         accepted = float(sum(reach[:k]))
         draft = draft_model_cost(drafter, k, accepted)
         out.append(finish_candidate(Candidate({"mode": "chain", "k": k}, accepted, draft,
-                                              profile.step_cost(k + 1, tree=False)), profile.plain_step_s))
+                                              **profile.step_prediction(k + 1, tree=False)), profile.plain_step_s))
     return out
 
 
@@ -217,10 +275,16 @@ def read_report(path: str | Path) -> tuple[dict[str, Any], Path]:
 def candidates_for(kind: str, profile: CostProfile, drafter_costs: dict[str, Any], calibration: dict[str, Any],
                    prior: Sequence[Sequence[float]] | None = None) -> list[Candidate]:
     """Every predicted candidate of a drafter kind, best first, each charged the calibration's
-    ``step_overhead_s`` (see :func:`step_overhead`; 0 when absent)."""
-    overhead = float(calibration.get("step_overhead_s") or 0.0)
-    return rank_and_pick([finish_candidate(c, profile.plain_step_s, overhead)
+    ``step_overhead_s`` and ``prefill_s_per_token`` (see :func:`step_overhead`, :func:`prefill_per_token`; 0 when
+    absent)."""
+    overhead, prefill = _charges(calibration)
+    return rank_and_pick([finish_candidate(c, profile.plain_step_s, overhead, prefill)
                           for c in _raw_candidates(kind, profile, drafter_costs, calibration, prior)])
+
+
+def _charges(calibration: Mapping[str, Any]) -> tuple[float, float]:
+    """The calibrated per-step overhead and prefill per token every prediction is charged."""
+    return (float(calibration.get("step_overhead_s") or 0.0), float(calibration.get("prefill_s_per_token") or 0.0))
 
 
 def _with_prior(calibration: dict[str, Any], prior: Sequence[Sequence[float]] | None) -> dict[str, Any]:
@@ -251,11 +315,11 @@ def predict_setting(kind: str, setting: dict[str, Any], profile: CostProfile, dr
                                  f"predict k={k}")
         accepted = float(sum(calibration["reach"][:k]))
         candidate = Candidate(dict(setting), accepted, draft_model_cost(drafter_costs, k, accepted),
-                              profile.step_cost(k + 1, tree=False))
+                              **profile.step_prediction(k + 1, tree=False))
     else:
         candidate = Candidate(**family_search(kind)["tune_predict"](setting, profile, drafter_costs,
                                                                     _with_prior(calibration, prior)))
-    return finish_candidate(candidate, profile.plain_step_s, float(calibration.get("step_overhead_s") or 0.0))
+    return finish_candidate(candidate, profile.plain_step_s, *_charges(calibration))
 
 
 def same_setting(kind: str, a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -320,7 +384,7 @@ def choose(result: TuneResult, plain_step_s: float, min_speedup: float = DEFAULT
         chosen, measured, speed = max(scored, key=lambda x: x[2])  # ties: the predicted best (listed first)
         result.measured["tuned"] = dict(measured)
     if speed < min_speedup:
-        result.chosen = plain_candidate(plain_step_s)
+        result.chosen = plain_candidate(plain_step_s, best.prefill_s_per_token)
         if measured_best is not None:
             rate = measured_best.get("baseline_tokens_per_s")
             result.measured["tuned"] = {"tau": 1.0, "tokens_per_s": rate, "baseline_tokens_per_s": rate,
@@ -465,8 +529,9 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
         except SpecgraftError as exc:  # e.g. a profile that stops short of the calibration's tree
             logger.warning("no per-step overhead calibrated (the calibration setting is not predictable: %s)", exc)
         else:
-            numbers["step_overhead_s"] = step_overhead(report["overall"], at_calibration, profile.plain_step_s)
+            numbers["step_overhead_s"] = step_overhead(report["overall"], at_calibration, profile)
             logger.info("calibrated per-step overhead beyond the profile: %.3f ms", numbers["step_overhead_s"] * 1e3)
+    numbers["prefill_s_per_token"] = prefill_per_token(report["overall"], profile.plain_step_s)
     candidates = candidates_for(kind, profile, costs, numbers, prior)
     try:
         default: Candidate | None = predict_setting(kind, default_setting, profile, costs, numbers, prior)

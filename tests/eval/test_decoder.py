@@ -110,6 +110,24 @@ def test_self_drafter_tau_is_k_plus_one(tiny_arch):
     assert result.stop_reason == "max_new_tokens" and result.num_new_tokens == 12
 
 
+def test_timed_parts_of_a_generation_are_disjoint_parts_of_its_wall_time(monkeypatch):
+    """prefill, verification (forward + verdict) and drafting are each timed once and never overlap: the tuner
+    subtracts them from the wall time to find what the rest of a step costs."""
+    model = tiny_model("llama")
+    forwards = []  # perf_counter reads seen by each target forward: the forward must lie inside a timed part
+    forward = model.forward
+    clock = iter(range(10_000))  # every perf_counter read advances 1 "second": parts are counted in reads
+    monkeypatch.setattr("specgraft.eval.decoder.time.perf_counter", lambda: float(next(clock)))
+    monkeypatch.setattr(model, "forward", lambda *a, **k: (forwards.append(k["input_ids"].shape[1]),
+                                                           forward(*a, **k))[1])
+    drafter = DraftModelDrafter(tiny_model("llama", seed=1), k=K)
+    result = SpeculativeDecoder(model, drafter=drafter, ignore_eos=True).generate(prompt_ids(), 12)
+    assert len(forwards) == result.num_target_forwards == 1 + result.num_steps
+    assert result.prefill_time_s > 0 and result.verify_time_s >= result.num_steps > 0 and result.draft_time_s > 0
+    parts = result.prefill_time_s + result.verify_time_s + result.draft_time_s
+    assert parts < result.wall_time_s  # disjoint (a shared interval would be counted twice) and not all of it
+
+
 @torch.no_grad()
 def test_random_drafter_alpha_and_tau():
     model = tiny_model("llama")

@@ -17,6 +17,7 @@ from specgraft.eval.tune import (
     candidates_for,
     draft_model_candidates,
     predict_setting,
+    prefill_per_token,
     step_overhead,
 )
 from specgraft.target import Target
@@ -45,10 +46,12 @@ def synthetic_profile(**overrides) -> CostProfile:
 
 # -- cost profile --------------------------------------------------------------------------------------------------
 def test_cost_profile_json_round_trip(tmp_path):
-    profile = synthetic_profile()
+    profile = synthetic_profile(bookkeeping_s={"chain": {1: 1e-4, 16: 3e-4}})
     path = profile.save(tmp_path / "p.json")
     loaded = CostProfile.load(path)
     assert loaded == profile  # integer keys survive the string keys of JSON
+    assert loaded.bookkeeping_cost(4, tree=False) == pytest.approx(1e-4 + 2e-4 * 3 / 15)
+    assert loaded.bookkeeping_cost(4, tree=True) is None  # not measured (profiles before the split: none at all)
     assert loaded.step_cost(5, tree=False) == pytest.approx((profile.step_s["chain"][4]
                                                              + profile.step_s["chain"][6]) / 2)
     assert loaded.step_cost(2, tree=True) == profile.step_s["chain"][2]  # 2 tokens are always a chain
@@ -190,7 +193,7 @@ def test_calibrated_step_overhead_is_charged_to_every_candidate():
     drift, tau = 2.0, 1 + at_k4.expected_accepted
     step = (at_k4.draft_s + at_k4.step_s + 1e-3) * drift
     measured = {"tau": tau, "tokens_per_s": tau / step, "baseline_tokens_per_s": 1 / (profile.plain_step_s * drift)}
-    assert step_overhead(measured, at_k4, profile.plain_step_s) == pytest.approx(1e-3)
+    assert step_overhead(measured, at_k4, profile) == pytest.approx(1e-3)
     calibration["step_overhead_s"] = 1e-3
     ranked = candidates_for("draft_model", profile, costs, calibration)
     speeds = {k: (1 + sum(reach[:k])) / (3e-4 * k + 1e-3 * (1 + 0.1 * k) + 1e-3) for k in range(1, 7)}
@@ -201,9 +204,52 @@ def test_calibrated_step_overhead_is_charged_to_every_candidate():
     again = predict_setting("draft_model", {"mode": "chain", "k": 4}, profile, costs, calibration)
     assert again.tokens_per_s == pytest.approx(speeds[4]) and again.speedup == pytest.approx(speeds[4] * 1e-3)
     # A run faster than its prediction charges nothing; so do missing or non-finite numbers.
-    assert step_overhead({**measured, "tokens_per_s": 10 * measured["tokens_per_s"]}, at_k4, 1e-3) == 0.0
-    assert step_overhead({**measured, "tau": float("nan")}, at_k4, 1e-3) == 0.0
-    assert step_overhead({"tau": tau}, at_k4, 1e-3) == 0.0
+    assert step_overhead({**measured, "tokens_per_s": 10 * measured["tokens_per_s"]}, at_k4, profile) == 0.0
+    assert step_overhead({**measured, "tau": float("nan")}, at_k4, profile) == 0.0
+    assert step_overhead({"tau": tau}, at_k4, profile) == 0.0
+
+
+def calibration_run(profile, at, *, drift, overhead, prefill, verify_error=0.0, steps=100):
+    """The overall metrics an eval at ``at``'s setting reports when every part of its steps is as the model says,
+    on a machine ``drift`` times slower than the profile's: the verification forward costs ``verify_error`` more
+    per step than the profile's (timing noise at that token count), a step ``overhead`` more beyond that, and each
+    answer's prefill ``prefill`` seconds (profile speed)."""
+    tokens = steps * (1 + at.expected_accepted)
+    verify = at.step_s - profile.bookkeeping_cost(at.verified_tokens, at.tree) + verify_error
+    step = at.draft_s + at.step_s + verify_error + overhead
+    wall = drift * (steps * step + prefill)
+    base_wall = drift * (tokens * profile.plain_step_s + prefill)
+    return {"steps": steps, "new_tokens": tokens, "tau": 1 + at.expected_accepted, "wall_time_s": wall,
+            "tokens_per_s": tokens / wall, "prefill_time_s": drift * prefill, "verify_time_s": drift * steps * verify,
+            "baseline_new_tokens": tokens, "baseline_prefill_time_s": drift * prefill,
+            "baseline_tokens_per_s": tokens / base_wall, "speedup_ratio_of_totals": base_wall / wall}
+
+
+def test_calibration_predicts_its_own_run_and_keeps_verify_noise_out_of_the_overhead():
+    reach = [0.9, 0.8, 0.4, 0.1, 0.05, 0.01]
+    profile = synthetic_profile(bookkeeping_s={"chain": {n: 2e-4 for n in (1, 2, 3, 4, 6, 8, 12, 16)}})
+    costs = profile.drafters["draft"]
+    calibration = {"reach": reach, "drafter": {"mode": "chain"}, "statistics": None}
+    at_k4 = predict_setting("draft_model", {"mode": "chain", "k": 4}, profile, costs, calibration)
+    assert (at_k4.verified_tokens, at_k4.tree) == (5, False)
+    run = calibration_run(profile, at_k4, drift=1.5, overhead=4e-4, prefill=6e-3)
+    assert step_overhead(run, at_k4, profile) == pytest.approx(4e-4)
+    assert prefill_per_token(run, profile.plain_step_s) == pytest.approx(6e-3 / run["new_tokens"])
+    calibration.update(step_overhead_s=step_overhead(run, at_k4, profile),
+                       prefill_s_per_token=prefill_per_token(run, profile.plain_step_s))
+    again = predict_setting("draft_model", {"mode": "chain", "k": 4}, profile, costs, calibration)
+    # Its own run is predicted exactly: tokens/s at the profile's speed, and the speedup both runs measured
+    # (the prefill, paid by plain decoding alike, narrows it).
+    assert again.tokens_per_s == pytest.approx(run["tokens_per_s"] * 1.5)
+    assert again.speedup == pytest.approx(run["speedup_ratio_of_totals"])
+    # The verification forward ran 0.3 ms slower than the profile's value at 5 tokens: that noise belongs to this
+    # one token count, so it is not charged to every candidate as overhead; a slower rest of the step is.
+    noisy = calibration_run(profile, at_k4, drift=1.5, overhead=4e-4, prefill=6e-3, verify_error=3e-4)
+    assert step_overhead(noisy, at_k4, profile) == pytest.approx(4e-4)
+    assert step_overhead({k: v for k, v in noisy.items() if k != "verify_time_s"}, at_k4, profile) == \
+        pytest.approx(7e-4)  # without the measured part: the profile's step_s, noise and all
+    # A profile without the bookkeeping part (older files) falls back to its step_s alike.
+    assert step_overhead(noisy, at_k4, synthetic_profile()) == pytest.approx(7e-4)
 
 
 def test_tune_medusa_trades_tree_size_for_verify_cost():
@@ -280,6 +326,9 @@ def test_profile_tune_eval_export_end_to_end(disk, tmp_path, capsys):
     assert code == 0, err
     data = json.loads(profile.read_text(encoding="utf-8"))
     assert set(data["step_s"]) == {"chain", "tree"} and "64" in data["step_s"]["tree"]
+    for mode, table in data["bookkeeping_s"].items():  # the part of each step outside the verification forward
+        assert table.keys() <= data["step_s"][mode].keys()
+        assert all(0 <= s <= data["step_s"][mode][n] for n, s in table.items())
     per_call = data["drafters"][str(disk / "medusa")]["per_call_s"]
     assert per_call.keys() == {"1", "2"} and set(per_call["2"]) == {"3", "7", "15", "31", "63"}
     assert data["target"]["hidden_size"] == 64 and data["threads"] >= 1

@@ -34,7 +34,8 @@ from specgraft.heads.dflash.model import DFlashHead
 if TYPE_CHECKING:  # annotations only: a family uses eval's public protocol, the tuner passes the profile in
     from specgraft.eval.cost import CostProfile
 
-#: A predicted setting as the tuner takes it: ``setting``, ``expected_accepted``, ``draft_s``, ``step_s``.
+#: A predicted setting as the tuner takes it: ``setting``, ``expected_accepted``, ``draft_s`` and the step fields
+#: of :meth:`~specgraft.eval.cost.CostProfile.step_prediction`.
 Prediction = dict[str, Any]
 
 #: Tree widths (siblings per slot) whose draft forward ``specgraft profile`` measures; the widest is calibrated.
@@ -94,7 +95,7 @@ def _candidate(setting: dict[str, Any], probs: list[list[float]], profile: CostP
     top_k = int(setting.get("top_k", 1)) if setting.get("mode") == "tree" else 1
     tokens = 1 + depth * top_k
     return {"setting": dict(setting), "expected_accepted": tree_value(setting_paths(depth, top_k), probs),
-            "draft_s": draft_s, "step_s": profile.step_cost(tokens, tree=top_k > 1)}
+            "draft_s": draft_s, **profile.step_prediction(tokens, tree=top_k > 1)}
 
 
 def candidates(profile: CostProfile, costs: Mapping[str, Any], calibration: Mapping[str, Any]) -> list[Prediction]:

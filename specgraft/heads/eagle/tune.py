@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # annotations only: the tuner passes the profile in
     from specgraft.eval.cost import CostProfile
     from specgraft.heads.eagle.model import EagleHeadBase
 
-#: A predicted setting as the tuner takes it: ``setting``, ``expected_accepted``, ``draft_s``, ``step_s``.
+#: A predicted setting as the tuner takes it: ``setting``, ``expected_accepted``, ``draft_s`` and the step fields
+#: of :meth:`~specgraft.eval.cost.CostProfile.step_prediction`.
 Prediction = dict[str, Any]
 
 #: Draft depths and tree widths whose propose call ``specgraft profile`` times.
@@ -67,7 +68,7 @@ def _chain(depth: int, probs: list[list[float]], profile: CostProfile, draft_s: 
         value *= row[0] if row else 0.0
         reach += value
     return {"setting": {"mode": "chain", "depth": depth}, "expected_accepted": reach, "draft_s": draft_s,
-            "step_s": profile.step_cost(depth + 1, tree=False)}
+            **profile.step_prediction(depth + 1, tree=False)}
 
 
 def _tree(setting: dict[str, Any], probs: list[list[float]], profile: CostProfile,
@@ -75,7 +76,7 @@ def _tree(setting: dict[str, Any], probs: list[list[float]], profile: CostProfil
     top_k, depth, total = int(setting["top_k"]), int(setting["depth"]), int(setting["total_tokens"])
     value, paths = optimal_tree(probs, total - 1, max_depth=depth, max_rank=top_k)
     return {"setting": setting, "expected_accepted": value, "draft_s": draft_s,
-            "step_s": profile.step_cost(total, tree=True)}, paths
+            **profile.step_prediction(total, tree=True)}, paths
 
 
 def candidates(profile: CostProfile, costs: Mapping[str, Any], calibration: Mapping[str, Any]) -> list[Prediction]:

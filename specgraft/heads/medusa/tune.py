@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # annotations only: the tuner passes the profile in
     from specgraft.eval.cost import CostProfile
     from specgraft.heads.medusa.model import MedusaHead
 
-#: A predicted setting as the tuner takes it: ``setting``, ``expected_accepted``, ``draft_s``, ``step_s``.
+#: A predicted setting as the tuner takes it: ``setting``, ``expected_accepted``, ``draft_s`` and the step fields
+#: of :meth:`~specgraft.eval.cost.CostProfile.step_prediction`.
 Prediction = dict[str, Any]
 
 #: Heads (depths) and tree node counts whose call ``specgraft profile`` times; the cost between node counts is
@@ -75,7 +76,7 @@ def _prediction(setting: dict[str, Any], paths: list[tuple[int, ...]], value: fl
                 per_call: Mapping[str, Any]) -> Prediction:
     depth = max(len(p) for p in paths)
     return {"setting": setting, "expected_accepted": value, "draft_s": call_cost(per_call, depth, len(paths)),
-            "step_s": profile.step_cost(len(paths) + 1, tree=not is_chain(paths))}
+            **profile.step_prediction(len(paths) + 1, tree=not is_chain(paths))}
 
 
 def candidates(profile: CostProfile, costs: Mapping[str, Any], calibration: Mapping[str, Any]) -> list[Prediction]:
