@@ -268,7 +268,6 @@ class SpeculativeDecoder:
             root = token_buffer[past : length]  # [1]
             node_tokens = tree.tokens.clamp(0, self.vocab_size - 1)  # out-of-range ids are flagged, not embedded
             ids = torch.cat([root, node_tokens]).unsqueeze(0)  # [1, n+1]
-            verify_start = time.perf_counter()
             if self.exact_rows:
                 # Row-exact attention: each row attends to its own keys in logical order, computed as one-token
                 # decoding computes them (specgraft.eval.exact_attention); no mask is needed.
@@ -284,22 +283,23 @@ class SpeculativeDecoder:
                     key_pos = torch.cat([torch.arange(past, device=self.device), positions])
                     mask = self.layout.tree_mask(structure, past, positions, key_pos, self.dtype)
                     pos = positions.unsqueeze(0)
-                out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
-                                 output_hidden_states=bool(needs), **{exact_attention.ROWS_KWARG: rows})
+                layout = {"attention_mask": mask, "position_ids": pos, exact_attention.ROWS_KWARG: rows}
             elif structure.chain:
                 # [root] + a chain is an ordinary causal continuation: the model's own causal (and sliding-window)
                 # mask and default positions equal the tree mask, and its fused causal attention path is faster.
-                out = self.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(needs))
+                layout = {}
             else:
                 pos = structure.row_depths(self.device) + past  # [n+1]
                 key_pos = torch.cat([torch.arange(past, device=self.device), pos])
                 mask = self.layout.tree_mask(structure, past, pos, key_pos, self.dtype)
-                out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos.unsqueeze(0), cache=cache,
-                                 use_cache=True, output_hidden_states=bool(needs))
+                layout = {"attention_mask": mask, "position_ids": pos.unsqueeze(0)}
+            # Verification is timed from the forward's call to the verdict's device read (GenerationResult's
+            # verify_time_s); building the mask before it and walking the tree after it are the step's bookkeeping.
+            verify_start = time.perf_counter()
+            out = self.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(needs), **layout)
             result.num_target_forwards += 1
             logits = out.logits[0]  # [n+1, V]
-            accepted, bonus, row_alpha = self._verify(tree, structure, node_tokens, logits)
-            result.verify_time_s += time.perf_counter() - verify_start  # _verify read the device: the forward is done
+            accepted, bonus, row_alpha = self._verify(tree, structure, node_tokens, logits, result, verify_start)
 
             emitted = accepted[1] + [bonus]
             accepted = accepted[0]
@@ -362,9 +362,11 @@ class SpeculativeDecoder:
         tree, kept = prune_to_depth(tree, max_depth)
         return tree, kept, tree.get_structure()
 
-    def _verify(self, tree: DraftTree, structure: TreeStructure, node_tokens: torch.Tensor,
-                logits: torch.Tensor) -> tuple[tuple[list[int], list[int]], int, torch.Tensor | None]:
-        """Pick the accepted path and bonus with ONE device read (which also carries the draft's validity flags).
+    def _verify(self, tree: DraftTree, structure: TreeStructure, node_tokens: torch.Tensor, logits: torch.Tensor,
+                result: GenerationResult,
+                verify_start: float) -> tuple[tuple[list[int], list[int]], int, torch.Tensor | None]:
+        """Pick the accepted path and bonus with ONE device read (which also carries the draft's validity flags);
+        the time from ``verify_start`` (the forward's call) to that read is added to ``result.verify_time_s``.
 
         Returns ``((accepted node indices, their tokens), bonus, row_alpha)``: ``row_alpha`` [n+1] is each row's
         acceptance probability for its first child (see ``GenerationResult.alpha_sum``; rows without children hold
@@ -378,14 +380,16 @@ class SpeculativeDecoder:
         else:
             probs = process_logits(logits, self.sampling)  # [n+1, V]
             q = tree.q.unsqueeze(0) if sampled and n else None
-            result = verify_sampling(structure, node_tokens.unsqueeze(0), probs.unsqueeze(0), q, sampled,
-                                     self.generator, trim=False)
-            verdict = torch.cat([result.num_accepted, result.bonus, result.path[0]])
+            drawn = verify_sampling(structure, node_tokens.unsqueeze(0), probs.unsqueeze(0), q, sampled,
+                                    self.generator, trim=False)
+            verdict = torch.cat([drawn.num_accepted, drawn.bonus, drawn.path[0]])
         if n == 0:
             values = verdict.tolist()
+            result.verify_time_s += time.perf_counter() - verify_start
             return ([], []), int(values[1]), None
         flags = tree.problems(self.vocab_size, need_q=sampled)
         values = torch.cat([verdict, flags, tree.tokens]).tolist()  # the step's one device read
+        result.verify_time_s += time.perf_counter() - verify_start
         width = verdict.shape[0]
         if values[width] or values[width + 1]:
             tree.raise_problems(self.vocab_size, values[width : width + 2])
