@@ -332,8 +332,11 @@ def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repea
         if steps <= 0:
             return None
         step = (long.wall_time_s - short.wall_time_s) / steps
-        verify = (long.verify_time_s - short.verify_time_s) / steps
-        return step, step - verify
+
+        def rest(r: Any) -> float:  # the run outside its prefill and verification: only bookkeeping is left
+            return r.wall_time_s - r.prefill_time_s - r.verify_time_s
+
+        return step, (rest(long) - rest(short)) / steps
 
     plain = SpeculativeDecoder(model, None, drafter=None, ignore_eos=True)
     layers = int(text_config(model).num_hidden_layers)

@@ -168,7 +168,8 @@ def test_a_padded_single_row_equals_nn_linear(bias, shape):
 def test_single_row_padding_is_chosen_by_measurement(monkeypatch):
     """Each weight-major layer pads exactly when its padded one-row product measured >= SINGLE_ROW_PAD_MIN_SPEEDUP
     times faster (timings faked: the padded form 'costs' 1 s for the narrow layer and 0.1 s for the wide one, the
-    one-row product 0.5 s for both); unswitched layers are not touched; undoing the switch drops the flag."""
+    one-row product 0.5 s for both); unswitched layers are not touched; undoing the switch drops the flag. Each
+    layer is timed inside sweeps through all layers (as a forward streams the weights), never twice in a row."""
     import itertools
 
     import specgraft.eval.kernels as kernels
@@ -178,12 +179,16 @@ def test_single_row_padding_is_chosen_by_measurement(monkeypatch):
     costs = {}
     real_linear = F.linear
 
+    calls = []
+
     def fake_one(x, weight, bias=None):
         costs["next"] = 0.5
+        calls.append(weight.shape[0])
         return real_linear(x, weight, bias)
 
     def fake_two(x, weight, bias=None):
         costs["next"] = 1.0 if weight.shape[0] == 8 else 0.1
+        calls.append(weight.shape[0])
         return real_linear(x, weight, bias)
 
     clock = itertools.count()
@@ -202,6 +207,7 @@ def test_single_row_padding_is_chosen_by_measurement(monkeypatch):
     monkeypatch.setattr(time, "perf_counter", perf_counter)
     assert kernels.choose_single_row_padding(narrow, wide, untouched) == 1
     monkeypatch.undo()
+    assert len(calls) > 2 and all(a != b for a, b in zip(calls, calls[1:]))  # sweeps: the other layer in between
     assert wide.weight_major_pad_single_row and not narrow.weight_major_pad_single_row
     assert not hasattr(untouched, "weight_major_pad_single_row")
     kernels.use_stock_linears(wide)
