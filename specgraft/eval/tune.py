@@ -144,7 +144,7 @@ def _calibration_drift(measured: Mapping[str, Any], plain_step_s: float) -> floa
     """How much slower the calibration ran than the profile (> 1: slower): its interleaved baseline's seconds per
     token over the profile's plain step, or None when the numbers are missing or not finite."""
     base = measured.get("baseline_tokens_per_s")
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (base, plain_step_s)):
+    if not (_positive(base) and _positive(plain_step_s)):
         return None
     baseline_s = 1.0 / base
     prefill, tokens = measured.get("baseline_prefill_time_s"), measured.get("baseline_new_tokens")
