@@ -201,12 +201,13 @@ def choose_single_row_padding(*modules: Any, repeats: int = SINGLE_ROW_PAD_REPEA
     faster; returns how many layers pad. Plain decoding's every product is one row, so this is the baseline's
     speed: it must be as fast as this machine allows.
 
-    Each layer is timed inside sweeps through all of them in order, one sweep per form, alternating, medians per
-    layer: so its weights come from wherever a forward finds them. Timed alone and repeated, a layer's weights sit
-    in the CPU's caches; a forward streams the whole model, and on the AMD EPYC of 2026-12-05 (MKL 2024.2, 2 threads)
-    the streamed one-row products of SmolLM2's [576, 576] / [1536, 576] / [576, 1536] layers took 1.4-2.2x their
-    two-row ones (116 / 298 / 215 us against 81 / 138 / 142), cached ones less than 1.1x: timed alone, only the
-    lm_head (too large for any cache) padded, and a one-token forward kept paying 48 ms where two tokens cost 32."""
+    Each layer is timed inside sweeps through all of them in order, one sweep per form, alternating: so its weights
+    come from wherever a forward finds them. Layers of one shape decide together, on their pooled medians. Timed
+    alone and repeated, a layer's weights sit in the CPU's caches; a forward streams the whole model, and on the
+    AMD EPYC of 2026-12-05 (MKL 2024.2, 2 threads) the streamed one-row products of SmolLM2's [576, 576] /
+    [1536, 576] / [576, 1536] layers took 1.4-2.2x their two-row ones (116 / 298 / 215 us against 81 / 138 / 142),
+    cached ones less than 1.1x: timed alone, only the lm_head (too large for any cache) padded, and a one-token
+    forward kept paying 48 ms where two tokens cost 32."""
     import statistics
     import time
 
@@ -232,11 +233,21 @@ def choose_single_row_padding(*modules: Any, repeats: int = SINGLE_ROW_PAD_REPEA
                     elapsed = time.perf_counter() - start
                     if sweep:
                         times[name][i].append(elapsed)
-    padded = 0
+    # One decision per weight shape (and dtype, device, bias), from all its layers' timings pooled: the BLAS picks
+    # its path by shape, and per-layer medians near the threshold flipped between processes (125-228 of SmolLM2's
+    # 213-244 layers padded in eight runs), moving the plain-decoding baseline with them.
+    groups: dict[tuple[Any, ...], list[int]] = {}
     for i, layer in enumerate(layers):
-        speedup = statistics.median(times["one"][i]) / statistics.median(times["two"][i])
-        layer.weight_major_pad_single_row = speedup >= SINGLE_ROW_PAD_MIN_SPEEDUP
-        padded += layer.weight_major_pad_single_row
+        key = (tuple(layer.weight.shape), layer.weight.dtype, layer.weight.device, layer.bias is not None)
+        groups.setdefault(key, []).append(i)
+    padded = 0
+    for members in groups.values():
+        one = statistics.median(t for i in members for t in times["one"][i])
+        two = statistics.median(t for i in members for t in times["two"][i])
+        pad = one / two >= SINGLE_ROW_PAD_MIN_SPEEDUP
+        for i in members:
+            layers[i].weight_major_pad_single_row = pad
+        padded += pad * len(members)
     return padded
 
 

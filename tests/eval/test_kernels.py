@@ -165,31 +165,23 @@ def test_a_padded_single_row_equals_nn_linear(bias, shape):
     torch.testing.assert_close(layer(three), F.linear(three, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
 
-def test_single_row_padding_is_chosen_by_measurement(monkeypatch):
-    """Each weight-major layer pads exactly when its padded one-row product measured >= SINGLE_ROW_PAD_MIN_SPEEDUP
-    times faster (timings faked: the padded form 'costs' 1 s for the narrow layer and 0.1 s for the wide one, the
-    one-row product 0.5 s for both); unswitched layers are not touched; undoing the switch drops the flag. Each
-    layer is timed inside sweeps through all layers (as a forward streams the weights), never twice in a row."""
+def fake_padding_timings(monkeypatch, two_cost) -> list[int]:
+    """Fake clocks for :func:`choose_single_row_padding`: a one-row product 'costs' 0.5 s, a padded one
+    ``two_cost(weight)`` s; returns the out-features of every timed call, in order (undo with monkeypatch.undo)."""
     import itertools
+    import time
 
     import specgraft.eval.kernels as kernels
 
-    narrow, wide, untouched = nn.Linear(16, 8), nn.Linear(16, 64), nn.Linear(16, 4)
-    use_weight_major_linears(narrow, wide, min_weights=0)
-    costs = {}
+    costs, calls = {}, []
     real_linear = F.linear
 
-    calls = []
-
-    def fake_one(x, weight, bias=None):
-        costs["next"] = 0.5
-        calls.append(weight.shape[0])
-        return real_linear(x, weight, bias)
-
-    def fake_two(x, weight, bias=None):
-        costs["next"] = 1.0 if weight.shape[0] == 8 else 0.1
-        calls.append(weight.shape[0])
-        return real_linear(x, weight, bias)
+    def fake(cost):
+        def form(x, weight, bias=None):
+            costs["next"] = cost(weight)
+            calls.append(weight.shape[0])
+            return real_linear(x, weight, bias)
+        return form
 
     clock = itertools.count()
     now = {"t": 0.0}
@@ -200,11 +192,22 @@ def test_single_row_padding_is_chosen_by_measurement(monkeypatch):
             now["t"] += costs.pop("next", 0.0)
         return now["t"]
 
-    monkeypatch.setattr(F, "linear", fake_one)
-    monkeypatch.setattr(kernels, "padded_single_row_linear", fake_two)
-    import time
-
+    monkeypatch.setattr(F, "linear", fake(lambda weight: 0.5))
+    monkeypatch.setattr(kernels, "padded_single_row_linear", fake(two_cost))
     monkeypatch.setattr(time, "perf_counter", perf_counter)
+    return calls
+
+
+def test_single_row_padding_is_chosen_by_measurement(monkeypatch):
+    """Each weight-major layer pads exactly when its padded one-row product measured >= SINGLE_ROW_PAD_MIN_SPEEDUP
+    times faster (timings faked: the padded form 'costs' 1 s for the narrow layer and 0.1 s for the wide one, the
+    one-row product 0.5 s for both); unswitched layers are not touched; undoing the switch drops the flag. Each
+    layer is timed inside sweeps through all layers (as a forward streams the weights), never twice in a row."""
+    import specgraft.eval.kernels as kernels
+
+    narrow, wide, untouched = nn.Linear(16, 8), nn.Linear(16, 64), nn.Linear(16, 4)
+    use_weight_major_linears(narrow, wide, min_weights=0)
+    calls = fake_padding_timings(monkeypatch, lambda weight: 1.0 if weight.shape[0] == 8 else 0.1)
     assert kernels.choose_single_row_padding(narrow, wide, untouched) == 1
     monkeypatch.undo()
     assert len(calls) > 2 and all(a != b for a, b in zip(calls, calls[1:]))  # sweeps: the other layer in between
@@ -212,3 +215,17 @@ def test_single_row_padding_is_chosen_by_measurement(monkeypatch):
     assert not hasattr(untouched, "weight_major_pad_single_row")
     kernels.use_stock_linears(wide)
     assert type(wide) is nn.Linear and "weight_major_pad_single_row" not in wide.__dict__
+
+
+def test_layers_of_one_shape_decide_single_row_padding_together(monkeypatch):
+    """The decision is per weight shape, on all its layers' timings pooled: a layer whose own (fake) timings would
+    pad (0.1 s padded against 0.5 s) follows its shape's pooled median when a same-shape layer times 1.0 s padded,
+    so noise in one layer cannot split a shape's layers (real runs padded 125-228 of 213-244 layers per layer)."""
+    import specgraft.eval.kernels as kernels
+
+    fast, slow = nn.Linear(16, 64), nn.Linear(16, 64)
+    use_weight_major_linears(fast, slow, min_weights=0)
+    fake_padding_timings(monkeypatch, lambda weight: 0.1 if weight is fast.weight else 1.0)
+    assert kernels.choose_single_row_padding(fast, slow) == 0
+    monkeypatch.undo()
+    assert not fast.weight_major_pad_single_row and not slow.weight_major_pad_single_row
