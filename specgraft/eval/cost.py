@@ -114,9 +114,7 @@ class CostProfile:
         if missing:
             raise SpecgraftError(f"{where} lacks {', '.join(missing)}; {fix}")
         try:
-            step = {str(mode): {int(n): float(s) for n, s in table.items()} for mode, table in data["step_s"].items()}
-            bookkeeping = {str(mode): {int(n): float(s) for n, s in table.items()}
-                           for mode, table in (data.get("bookkeeping_s") or {}).items()}
+            step, bookkeeping = (_mode_tables(data.get(name) or {}) for name in ("step_s", "bookkeeping_s"))
             if not step.get("chain") or 1 not in step["chain"]:
                 raise ValueError("step_s.chain has no 1-token step")
             return cls(device=str(data["device"]), device_name=str(data.get("device_name", data["device"])),
@@ -151,7 +149,7 @@ class CostProfile:
 
     def step_cost(self, tokens: int, tree: bool) -> float:
         """Seconds of a decoder step verifying ``tokens`` tokens (root included), linear between measurements."""
-        table = self.step_s.get("tree" if tree and tokens > 2 else "chain") or self.step_s["chain"]
+        table = self.step_s.get(_mode(tokens, tree)) or self.step_s["chain"]
         return _interpolate(table, tokens, "tokens verified")
 
     def step_prediction(self, tokens: int, tree: bool) -> dict[str, Any]:
@@ -162,7 +160,7 @@ class CostProfile:
     def bookkeeping_cost(self, tokens: int, tree: bool) -> float | None:
         """The part of :meth:`step_cost` outside the verification forward and its verdict (linear between
         measurements), or None when the profile did not measure it."""
-        table = self.bookkeeping_s.get("tree" if tree and tokens > 2 else "chain")
+        table = self.bookkeeping_s.get(_mode(tokens, tree))
         return _interpolate(table, tokens, "tokens verified") if table else None
 
     def drafter(self, label: str) -> dict[str, Any]:
@@ -178,6 +176,16 @@ class CostProfile:
                 "threads": self.threads, "torch_version": self.torch_version, "kv_length": self.kv_length,
                 "target": self.target.get("name_or_path"), "plain_step_ms": round(self.plain_step_s * 1e3, 4),
                 "linear_kernel": self.linear_kernel, "attention_kernel": self.attention_kernel}
+
+
+def _mode(tokens: int, tree: bool) -> str:
+    """The table a step of ``tokens`` tokens is read from: a root and one node are a chain, tree or not."""
+    return "tree" if tree and tokens > 2 else "chain"
+
+
+def _mode_tables(raw: dict[str, Any]) -> dict[str, dict[int, float]]:
+    """``{"chain": {n: s}, ...}`` from its JSON form (string keys)."""
+    return {str(mode): {int(n): float(s) for n, s in table.items()} for mode, table in raw.items()}
 
 
 def _interpolate(table: dict[int, float], x: int, what: str) -> float:

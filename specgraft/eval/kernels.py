@@ -218,16 +218,16 @@ def choose_single_row_padding(*modules: Any, repeats: int = SINGLE_ROW_PAD_REPEA
     layers = [layer for layer in _linear_layers(modules) if type(layer) is cls]
     if not layers:
         return 0
-    inputs = {(layer.in_features, layer.weight.dtype, layer.weight.device):
-              torch.randn(1, layer.in_features, dtype=layer.weight.dtype, device=layer.weight.device)
-              for layer in layers}
+    rows = {(layer.in_features, layer.weight.dtype, layer.weight.device):
+            torch.randn(1, layer.in_features, dtype=layer.weight.dtype, device=layer.weight.device)
+            for layer in layers}
+    inputs = [rows[(layer.in_features, layer.weight.dtype, layer.weight.device)] for layer in layers]
     forms = {"one": F.linear, "two": padded_single_row_linear}
     times: dict[str, list[list[float]]] = {name: [[] for _ in layers] for name in forms}
     with torch.no_grad():
         for sweep in range(repeats + 1):  # the first sweep of each form warms up and is not counted
             for name, form in forms.items():
-                for i, layer in enumerate(layers):
-                    x = inputs[(layer.in_features, layer.weight.dtype, layer.weight.device)]
+                for i, (layer, x) in enumerate(zip(layers, inputs)):
                     start = time.perf_counter()
                     form(x, layer.weight, layer.bias)
                     elapsed = time.perf_counter() - start
