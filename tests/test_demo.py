@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from specgraft.cli import main as cli_main
+from specgraft.defaults.corpus import DOMAINS, prompt_cuts
+from specgraft.demo import QUICK
 
 BENCH_TARGET_DOMINATED = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_target_dominated.py"
 
@@ -17,6 +19,12 @@ def test_demo_quick_end_to_end(tmp_path, capsys):
     assert cli_main(["demo", "--quick", "--out", str(out), "--threads", "1"]) == 0
     printed = capsys.readouterr().out
     assert "summary:" in printed and "| medusa |" in printed and "| eagle3 |" in printed
+
+    # Self-distilled training text: every row is a training-stream prompt followed by the target's continuation.
+    cuts = {c for d in DOMAINS for c in prompt_cuts(d, QUICK.docs_per_domain, 1, split="train")}
+    rows = [json.loads(line)["text"] for line in (out / "data" / "train.jsonl").read_text().splitlines()]
+    assert len(rows) == QUICK.docs_per_domain * len(DOMAINS)
+    assert all(any(r.startswith(c) and len(r) > len(c) for c in cuts) for r in rows)
 
     summary = json.loads((out / "summary.json").read_text())
     drafters = {row["drafter"] for row in summary["rows"]}

@@ -24,7 +24,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -361,6 +361,7 @@ def continue_texts(
     max_new_tokens: int = 512,
     temperature: float = 0.0,
     seed: int = 0,
+    prompt_of: Callable[[str], str] | None = first_sentence,
 ) -> RegenerateStats:
     """Plain-text self-distillation: every paragraph is replaced by its first sentence and ``model``'s continuation.
 
@@ -379,6 +380,8 @@ def continue_texts(
         max_new_tokens: longest continuation.
         temperature: 0 for greedy decoding (what greedy speculative decoding verifies against), else sampling.
         seed: sampling seed (each batch derives its own from its first row).
+        prompt_of: the prompt taken from each text (default its first sentence); None: each text is already a
+            prompt and is continued as it is, whitespace included (the demo's cut code and records prompts).
     """
     texts = list(records["text"]) if hasattr(records, "column_names") else [r["text"] for r in records]
     if hasattr(records, "column_names"):
@@ -392,7 +395,7 @@ def continue_texts(
     started = time.perf_counter()
     with atomic_path(Path(out_path)) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         for lo in range(0, len(texts), batch_size):
-            sentences = [first_sentence(t) for t in texts[lo:lo + batch_size]]
+            sentences = [t if prompt_of is None else prompt_of(t) for t in texts[lo:lo + batch_size]]
             prompts = [text_prompt_ids(tokenizer, s) for s in sentences]
             results = generate_batch(model, prompts, config, derive_seed(seed, int(rows[lo])))
             for row, prompt, (tokens, stopped) in zip(rows[lo:lo + batch_size], prompts, results):
@@ -404,8 +407,9 @@ def continue_texts(
                 stats.new_tokens += len(body)
                 stats.truncated_replies += 0 if stopped else 1
     stats.seconds = time.perf_counter() - started
-    logger.info("continued %d paragraphs from their first sentence: %d new tokens in %.1fs (%.1f tokens/s)",
-                stats.rows, stats.new_tokens, stats.seconds, stats.tokens_per_s)
+    what = "paragraphs from their first sentence" if prompt_of is first_sentence else "prompts"
+    logger.info("continued %d %s: %d new tokens in %.1fs (%.1f tokens/s)", stats.rows, what, stats.new_tokens,
+                stats.seconds, stats.tokens_per_s)
     return stats
 
 

@@ -643,6 +643,13 @@ def _prompt_cut(domain: str, doc: str, rng: random.Random) -> str:
     return "\n".join(lines[:keep])
 
 
+def prompt_cuts(domain: str, n_docs: int, seed: int, *, split: str = "prompt") -> list[str]:
+    """Prefixes of ``generate_corpus(domain, n_docs, seed, split=split)``, cut where a demo prompt is cut
+    (:func:`_prompt_cut`, with its own generator seeded from ``"{domain}:{split}-cut:{seed}"``)."""
+    rng = random.Random(f"{domain}:{split}-cut:{seed}")
+    return [_prompt_cut(domain, doc, rng) for doc in generate_corpus(domain, n_docs, seed, split=split)]
+
+
 def demo_prompts(n_per_domain: int, seed: int = 0) -> list[dict]:
     """Held-out prompts (prefixes of ``prompt``-split documents) in FastChat question shape.
 
@@ -650,10 +657,5 @@ def demo_prompts(n_per_domain: int, seed: int = 0) -> list[dict]:
     domain in :data:`DOMAINS` order. Feed the prompt text to the target as is (no chat template: the default
     target has none and was trained on raw documents).
     """
-    prompts = []
-    for domain in DOMAINS:
-        rng = random.Random(f"{domain}:prompt-cut:{seed}")
-        for i, doc in enumerate(generate_corpus(domain, n_per_domain, seed, split="prompt")):
-            prompt = _prompt_cut(domain, doc, rng)
-            prompts.append({"question_id": f"{domain}-{i}", "category": domain, "turns": [prompt]})
-    return prompts
+    return [{"question_id": f"{domain}-{i}", "category": domain, "turns": [prompt]}
+            for domain in DOMAINS for i, prompt in enumerate(prompt_cuts(domain, n_per_domain, seed))]

@@ -430,11 +430,12 @@ def test_first_sentence_of_a_paragraph():
     assert regen_module.first_sentence("Where is Tom?\u201d she asked. Then") == "Where is Tom?\u201d"
 
 
-def _text_reference(model, tok, text: str, max_new_tokens: int = MAX_NEW) -> str:
-    """One paragraph continued with a plain, unbatched model.generate call."""
+def _text_reference(model, tok, text: str, max_new_tokens: int = MAX_NEW, whole: bool = False) -> str:
+    """One paragraph (its first sentence, or all of it when ``whole``) continued with a plain, unbatched
+    model.generate call."""
     stops = stop_token_ids(tok, model.generation_config, use_chat_template=False)
     bos = [] if tok.bos_token_id is None else [tok.bos_token_id]
-    prompt = bos + tok(regen_module.first_sentence(text), add_special_tokens=False)["input_ids"]
+    prompt = bos + tok(text if whole else regen_module.first_sentence(text), add_special_tokens=False)["input_ids"]
     ids = torch.tensor([prompt])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
                          eos_token_id=stops, pad_token_id=tok.pad_token_id)
@@ -460,6 +461,18 @@ def test_continue_texts_equals_one_by_one_generate(tmp_path, gen_model, tok_plai
     assert stats.rows == 3 and stats.new_tokens == MAX_NEW + MAX_NEW + 2  # the stop token is not kept
     assert stats.truncated_replies == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stories.jsonl"]  # written atomically, no leftovers
+
+
+def test_continue_texts_continues_whole_prompts_verbatim_when_told(tmp_path, gen_model, tok_plain):
+    # Cut code/records prompts (the demo's): several sentences, newlines and indentation, all kept as they are.
+    prompts = ["def total(items):\n    return sum(items)\n\ndef mean(items):", "Hello there. It sat.\n  x = 1"]
+    out = tmp_path / "continued.jsonl"
+    stats = regen_module.continue_texts(gen_model, tok_plain, [{"text": t} for t in prompts], out, batch_size=2,
+                                        max_new_tokens=MAX_NEW, prompt_of=None)
+    rows = _read(out)
+    assert [r["text"] for r in rows] == [_text_reference(gen_model, tok_plain, t, whole=True) for t in prompts]
+    assert all(r["text"].startswith(t) and len(r["text"]) > len(t) for r, t in zip(rows, prompts))
+    assert stats.rows == 2 and stats.new_tokens > 0
 
 
 def test_build_dataset_trains_on_the_continued_text(tmp_path, gen_model, tok_plain, caplog):

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from specgraft.defaults import corpus
-from specgraft.defaults.corpus import DOMAINS, demo_prompts, generate_corpus
+from specgraft.defaults.corpus import DOMAINS, demo_prompts, generate_corpus, prompt_cuts
 from specgraft.errors import SpecgraftError
 
 SUM_LINE = re.compile(r"^(\d+) \+ (\d+) = (\d+)$")
@@ -131,3 +131,14 @@ def test_sums_are_two_digit_and_mostly_carry_free():
     assert all(corpus.SUM_MIN <= a <= corpus.SUM_MAX and corpus.SUM_MIN <= b <= corpus.SUM_MAX for a, b in pairs)
     carry_share = sum(a % 10 + b % 10 >= 10 for a, b in pairs) / len(pairs)
     assert 0.02 < carry_share < corpus.CARRY_SHARE
+
+
+def test_training_prompt_cuts_are_prefixes_of_training_documents_and_not_demo_prompts():
+    held_out = {p["turns"][0] for p in demo_prompts(5, seed=0)}
+    assert [p["turns"][0] for p in demo_prompts(2, seed=0)[:2]] == prompt_cuts("code", 2, 0)  # the same cut
+    for domain in DOMAINS:
+        docs = generate_corpus(domain, 5, 1, split="train")
+        cuts = prompt_cuts(domain, 5, 1, split="train")
+        assert cuts == prompt_cuts(domain, 5, 1, split="train")
+        assert all(doc.startswith(cut) and len(cut) < len(doc) for doc, cut in zip(docs, cuts))
+        assert not held_out & set(cuts)
