@@ -25,6 +25,7 @@ def test_demo_quick_end_to_end(tmp_path, capsys):
     rows = [json.loads(line)["text"] for line in (out / "data" / "train.jsonl").read_text().splitlines()]
     assert len(rows) == QUICK.docs_per_domain * len(DOMAINS)
     assert all(any(r.startswith(c) and len(r) > len(c) for c in cuts) for r in rows)
+    assert "own greedy continuations" in (out / "summary.md").read_text()
 
     summary = json.loads((out / "summary.json").read_text())
     drafters = {row["drafter"] for row in summary["rows"]}

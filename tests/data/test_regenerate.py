@@ -22,7 +22,7 @@ from specgraft.data import regenerate as regen_module
 from specgraft.data.regenerate import regenerate
 from specgraft.data.tokenize import prompt_ids, stop_token_ids
 from specgraft.errors import SpecgraftError
-from specgraft.testing import tiny_tokenizer
+from specgraft.testing import run_torchrun, tiny_tokenizer
 
 MAX_NEW = 6
 REPO = Path(__file__).resolve().parents[2]
@@ -340,10 +340,9 @@ def test_two_processes_give_the_same_rows_as_one(tmp_path):
     launcher = tmp_path / "launch.py"
     launcher.write_text(LAUNCHER)
     out = tmp_path / "two.jsonl"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(launcher),
-           str(tmp_path / "model"), "--data", str(data), "--out", str(out), "--batch-size", "3",
-           "--max-new-tokens", str(MAX_NEW)]
-    done = subprocess.run(cmd, env=_subprocess_env(tmp_path), capture_output=True, text=True, timeout=300)
+    done = run_torchrun([str(launcher), str(tmp_path / "model"), "--data", str(data), "--out", str(out),
+                         "--batch-size", "3", "--max-new-tokens", str(MAX_NEW)], env=_subprocess_env(tmp_path),
+                        timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     # Each process regenerated its own half; the summary counts both.
     assert "regenerated 10 conversations" in done.stdout

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from specgraft.distill.output import DRAFT_META
 from specgraft.distill.trainer import DistillStep, DistillTrainer
 from specgraft.heads.losses import masked_cross_entropy
 from specgraft.target import Target
-from specgraft.testing import TINY_CORPUS_TEXT, recipe_writer, tiny_model, tiny_tokenizer
+from specgraft.testing import TINY_CORPUS_TEXT, recipe_writer, run_torchrun, tiny_model, tiny_tokenizer
 from specgraft.train.checkpoint import list_checkpoints, verify_checkpoint
 
 
@@ -206,9 +205,7 @@ def test_two_processes_train_and_save_once(tiny_run, tmp_path):
     _, write_recipe = tiny_run
     recipe = write_recipe(distill={"lmbda": 0.5, "loss": "tvd"})
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-           "specgraft.distill", str(recipe), "--no-progress"]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    done = run_torchrun(["-m", "specgraft.distill", str(recipe), "--no-progress"], env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("draft saved to") == 1  # only the main process reports and writes
     summary = json.loads((tmp_path / "out" / "train_summary.json").read_text())

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from specgraft.testing import run_torchrun
 
 from .test_trainer import tiny_run  # noqa: F401  (fixture)
 
@@ -37,10 +38,7 @@ def test_two_processes_match_one_process(tiny_run, tmp_path, head):  # noqa: F81
     assert run.returncode == 0, run.stderr[-3000:]
     # On CPU, accelerate's own launcher runs MULTI_CPU jobs in one process unless MPI is set up; torchrun starts
     # real gloo processes and accelerate picks them up (it reports MULTI_CPU).
-    torchrun = Path(sys.executable).parent / "torchrun"
-    run = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29561",
-                          "-m", "specgraft.train", str(two), "--no-progress"],
-                         capture_output=True, text=True, env=_env(), timeout=600)
+    run = run_torchrun(["-m", "specgraft.train", str(two), "--no-progress"], env=_env())
     assert run.returncode == 0, run.stderr[-3000:]
 
     a = load_file(str(tmp_path / "one" / "head" / "head.safetensors"))
@@ -70,9 +68,7 @@ def test_distillation_two_processes_match_one_process(tiny_run, tmp_path):  # no
     run = subprocess.run([sys.executable, "-m", "specgraft.distill", str(one), "--no-progress"],
                          capture_output=True, text=True, env=_env(), timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    torchrun = Path(sys.executable).parent / "torchrun"
-    run = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29562", "-m", "specgraft.distill",
-                          str(two), "--no-progress"], capture_output=True, text=True, env=_env(), timeout=600)
+    run = run_torchrun(["-m", "specgraft.distill", str(two), "--no-progress"], env=_env())
     assert run.returncode == 0, run.stderr[-3000:]
     a = load_file(str(tmp_path / "d1" / "draft" / "model.safetensors"))
     b = load_file(str(tmp_path / "d2" / "draft" / "model.safetensors"))

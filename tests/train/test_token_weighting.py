@@ -16,13 +16,14 @@ trained parameters and logged values to OUT.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+from specgraft.testing import run_torchrun
 
 #: Loss tokens per row (prompt tokens first, then labelled ones): deliberately unequal, so that a mean of
 #: per-micro-batch means differs from the token mean of the batch.
@@ -223,17 +224,9 @@ def test_micro_batch_losses_with_global_counts_sum_to_the_whole_batch_loss(famil
 def test_two_processes_are_the_same_step_as_one_big_micro_batch(family, folder):
     def two_processes(mode: str) -> dict[str, Any]:
         out = folder / f"two-{family}-{mode}.pt"
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
         paths = [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(paths)}
-        for _ in range(2):
-            run = subprocess.run([*torchrun, __file__, family, str(out), mode], capture_output=True, text=True,
-                                 env=env, timeout=600)
-            # A worker killed by SIGABRT with "terminate called without an active exception" is the C++ runtime of
-            # the launcher/gloo aborting (seen once in CI on 2026-12-04, never in 24 local reruns), not the
-            # property under test: one retry; any other failure, or a second abort, fails.
-            if run.returncode == 0 or "terminate called without an active exception" not in run.stderr:
-                break
+        run = run_torchrun([__file__, family, str(out), mode], env=env)
         assert run.returncode == 0, run.stderr[-3000:]
         return torch.load(out)
 
