@@ -44,6 +44,11 @@ TUNED_VERSION = 1
 DRAFT_CALIBRATION_K = 8
 #: Candidates listed in tuned.json and printed.
 TOP_CANDIDATES = 8
+#: A predicted best whose confirming eval measures a speedup more than this fraction below its prediction gets a
+#: second opinion: the best candidate of the other verification shape (chain vs tree) is confirmed too (see
+#: :func:`second_opinion`). Chains and trees are predicted by different parts of the model (EAGLE's dynamic trees
+#: as optimal static trees, for one), so one shape's miss says little about the other's.
+SECOND_OPINION_SHORTFALL = 0.15
 #: A draft model's default setting (what `specgraft eval` uses without flags or tuned.json; a head family's is its
 #: ``default_setting`` hook).
 DRAFT_MODEL_DEFAULT = {"mode": "chain", "k": 4}
@@ -347,6 +352,11 @@ class TuneResult:
     candidates: list[Candidate]
     measured: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: The second opinion confirmed beside the predicted best (measured under ``measured["alternative"]``), or None.
+    alternative: Candidate | None = None
+    #: The drafting setting :func:`choose` found fastest (by measurement when confirmed) and its measurement: what
+    #: plain decoding was preferred to, when it was.
+    fastest_drafting: tuple[Candidate, dict[str, Any] | None] | None = None
 
 
 def _speedup_of(measured: Mapping[str, Any] | None) -> float | None:
@@ -372,8 +382,11 @@ def choose(result: TuneResult, plain_step_s: float, min_speedup: float = DEFAULT
     measured_best = result.measured.get("best")
     if measured_best is None:  # unconfirmed: the prediction decides
         chosen, speed = best, best.speedup
+        result.fastest_drafting = (best, None)
     else:
         options = [(best, measured_best)]
+        if result.alternative is not None and result.measured.get("alternative") is not None:
+            options.append((result.alternative, result.measured["alternative"]))
         if result.default is not None and result.measured.get("default") is not None:
             options.append((result.default, result.measured["default"]))
         scored = [(c, m, _speedup_of(m)) for c, m in options]
@@ -383,6 +396,7 @@ def choose(result: TuneResult, plain_step_s: float, min_speedup: float = DEFAULT
                                  "prompts that generate tokens")
         chosen, measured, speed = max(scored, key=lambda x: x[2])  # ties: the predicted best (listed first)
         result.measured["tuned"] = dict(measured)
+        result.fastest_drafting = (chosen, measured)
     if speed < min_speedup:
         result.chosen = plain_candidate(plain_step_s, best.prefill_s_per_token)
         if measured_best is not None:
@@ -403,10 +417,29 @@ def tuned_record(result: TuneResult, profile: CostProfile, calibration_path: str
               "default": result.default.to_dict() if result.default is not None else None,
               "measured": result.measured, "device": profile.summary(), "calibration": calibration_path,
               "candidates": [c.to_dict() for c in result.candidates[:TOP_CANDIDATES]]}
+    if result.alternative is not None:
+        record["alternative"] = result.alternative.to_dict()
     if is_plain(result.chosen.setting):
-        # Why plain decoding: the best drafting setting and what it was predicted (and measured) to do.
-        record["best_drafting"] = {**best.to_dict(), "measured": result.measured.get("best")}
+        # Why plain decoding: the fastest drafting setting and what it was predicted (and measured) to do.
+        fastest, measured = result.fastest_drafting or (best, result.measured.get("best"))
+        record["best_drafting"] = {**fastest.to_dict(), "measured": measured}
     return record
+
+
+def second_opinion(candidates: Sequence[Candidate], measured_best: Mapping[str, Any] | None,
+                   min_speedup: float = DEFAULT_MIN_SPEEDUP) -> Candidate | None:
+    """The candidate to confirm as well when the predicted best's confirming eval (``measured_best``) fell more
+    than :data:`SECOND_OPINION_SHORTFALL` short of its predicted speedup: the best-ranked candidate verified in
+    the other shape (a chain when the best is a tree, and the reverse) that is still predicted at ``min_speedup``
+    or more. None when the best delivered, was not measured, or no such candidate exists."""
+    if not candidates:
+        return None
+    best = candidates[0]
+    speed = _speedup_of(measured_best)
+    if speed is None or speed >= best.speedup * (1 - SECOND_OPINION_SHORTFALL):
+        return None
+    return next((c for c in candidates[1:]
+                 if c.tree != best.tree and not is_plain(c.setting) and c.speedup >= min_speedup), None)
 
 
 # -- the command ---------------------------------------------------------------------------------------------------
@@ -539,24 +572,31 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
         logger.warning("no prediction for the default setting: %s", exc)
         default = None
     result = TuneResult(kind, candidates[0], default, candidates, warnings=warnings)
+
+    def confirming_eval(setting: dict[str, Any], folder: str, source: str) -> dict[str, Any]:
+        return _measured(run_eval(target, drafter_for(kind, drafter_source, setting), prompts, out_dir / folder,
+                                  settings=settings, progress=progress,
+                                  drafter_info=drafter_info(kind, head_type, str(source_dir), setting,
+                                                            source))["overall"])
+
     if confirm:
         # The predicted best is measured even when it is predicted slower than plain decoding: the measurement,
         # not the model, decides whether drafting pays (the model is calibrated on one setting only).
-        result.measured["best"] = _measured(run_eval(
-            target, drafter_for(kind, drafter_source, candidates[0].setting), prompts, out_dir / "tuned",
-            settings=settings, progress=progress,
-            drafter_info=drafter_info(kind, head_type, str(source_dir), candidates[0].setting, "tuned"))["overall"])
+        result.measured["best"] = confirming_eval(candidates[0].setting, "tuned", "tuned")
+        alternative = second_opinion(candidates, result.measured["best"], min_speedup)
+        if alternative is not None:
+            logger.info("the predicted best measured %.2fx against %.2fx predicted: confirming %s too",
+                        _speedup_of(result.measured["best"]), candidates[0].speedup,
+                        setting_label(kind, alternative.setting))
+            result.alternative = alternative
+            result.measured["alternative"] = confirming_eval(alternative.setting, "alternative", "tuned")
         if calibration_is_default:
             # The calibration run IS the default setting, measured the same way (same prompts and process).
             result.measured["default"] = _measured(report["overall"])
         elif default is not None and same_setting(kind, default.setting, candidates[0].setting):
             result.measured["default"] = dict(result.measured["best"])
         else:
-            measured_default = run_eval(target, drafter_for(kind, drafter_source, default_setting), prompts,
-                                        out_dir / "default", settings=settings, progress=progress,
-                                        drafter_info=drafter_info(kind, head_type, str(source_dir), default_setting,
-                                                                  "defaults"))["overall"]
-            result.measured["default"] = _measured(measured_default)
+            result.measured["default"] = confirming_eval(default_setting, "default", "defaults")
     choose(result, profile.plain_step_s, min_speedup)
     if is_plain(result.chosen.setting):
         logger.warning("no drafting setting of this %s drafter was %s at %.2fx plain decoding's speed or more on "
@@ -677,6 +717,8 @@ def print_result(result: TuneResult, profile: CostProfile) -> None:
     rows = [("tuned", result.chosen, "tuned")]
     if not same_setting(kind, result.chosen.setting, result.candidates[0].setting):
         rows.append(("predicted best", result.candidates[0], "best"))
+    if result.alternative is not None and not same_setting(kind, result.chosen.setting, result.alternative.setting):
+        rows.append(("second opinion (the other shape)", result.alternative, "alternative"))
     if result.default is not None:
         rows.append(("default", result.default, "default"))
     for name, c, key in rows:

@@ -467,6 +467,65 @@ def test_tune_chooses_plain_decoding_when_nothing_measured_beats_it():
         choose(result, profile.plain_step_s, min_speedup=float("nan"))
 
 
+def _measurement(speedup: float) -> dict:
+    return {"tau": 2.0, "tokens_per_s": 30.0 * speedup, "baseline_tokens_per_s": 30.0,
+            "speedup_ratio_of_totals": speedup}
+
+
+def test_a_best_that_falls_short_gets_a_second_opinion_of_the_other_shape():
+    from specgraft.eval.tune import (
+        SECOND_OPINION_SHORTFALL,
+        TuneResult,
+        choose,
+        finish_candidate,
+        is_plain,
+        second_opinion,
+        tuned_record,
+    )
+
+    profile = synthetic_profile()
+    plain = profile.plain_step_s
+
+    def candidate(setting: dict, accepted: float, tokens: int, tree: bool) -> Candidate:
+        return finish_candidate(Candidate(setting, accepted, 2e-4, profile.step_cost(tokens, tree=tree),
+                                          verified_tokens=tokens, tree=tree), plain)
+
+    # Ranked as the tuner ranks them: two trees predicted ahead of the best chain; a slow chain last.
+    tree_a = candidate({"mode": "tree", "tokens": 12}, 5.5, 12, True)
+    tree_b = candidate({"mode": "tree", "tokens": 8}, 3.8, 8, True)
+    chain = candidate({"mode": "chain", "depth": 3}, 1.8, 4, False)
+    slow_chain = finish_candidate(Candidate({"mode": "chain", "depth": 1}, 0.05, 8e-4,
+                                            profile.step_cost(2, tree=False), verified_tokens=2), plain)
+    ranked = [tree_a, tree_b, chain, slow_chain]
+    assert tree_a.speedup > tree_b.speedup > chain.speedup > 1.0 > slow_chain.speedup
+
+    # The best delivered (within the shortfall): no second opinion; nothing measured: none either.
+    assert second_opinion(ranked, _measurement(tree_a.speedup * (1 - SECOND_OPINION_SHORTFALL / 2))) is None
+    assert second_opinion(ranked, None) is None
+    # It fell short: the best chain (not the runner-up tree) is confirmed too; a chain below the bar never is.
+    short = _measurement(tree_a.speedup * (1 - 2 * SECOND_OPINION_SHORTFALL))
+    assert second_opinion(ranked, short) is chain
+    assert second_opinion(ranked, short, min_speedup=chain.speedup + 0.01) is None
+    assert second_opinion([chain, slow_chain, tree_b], _measurement(0.5)) is tree_b  # and the reverse
+
+    # choose() weighs the second opinion's measurement like the others': here it is the fastest.
+    default = candidate({"mode": "tree", "tokens": 16}, 3.2, 16, True)
+    result = TuneResult("eagle3", tree_a, default, ranked, alternative=chain,
+                        measured={"best": _measurement(0.9), "alternative": _measurement(1.2),
+                                  "default": _measurement(0.8)})
+    choose(result, plain)
+    assert result.chosen is chain and result.measured["tuned"]["speedup_ratio_of_totals"] == 1.2
+    record = tuned_record(result, profile, "calib.json")
+    assert record["setting"] == chain.setting and record["alternative"]["setting"] == chain.setting
+    assert record["measured"]["alternative"]["speedup_ratio_of_totals"] == 1.2
+    # Nothing beats plain decoding: the record names the fastest drafting setting measured, the second opinion.
+    result.measured = {"best": _measurement(0.85), "alternative": _measurement(0.95), "default": _measurement(0.8)}
+    choose(result, plain)
+    assert is_plain(result.chosen.setting)
+    best_drafting = tuned_record(result, profile, "calib.json")["best_drafting"]
+    assert best_drafting["setting"] == chain.setting and best_drafting["measured"]["speedup_ratio_of_totals"] == 0.95
+
+
 def test_tuned_plain_decoding_end_to_end(disk, tmp_path, capsys, caplog):
     """--min-speedup above anything reachable: tune measures the best setting, stores plain decoding; eval then
     decodes plainly (token-identical, tau 1) and the export carries no tuned engine hints, saying why."""
