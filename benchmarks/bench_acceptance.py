@@ -7,7 +7,8 @@ it ships a ``recipes/<family>/stories260k.yaml``) and each target:
   and evaluated on the first sentences of lines at its END (``bench_heads_stories260k.prepare_stories260k``, the
   construction of ``bench_eval_stories.py``: no held-out paragraph is trained on);
 * ``embedded``: the target shipped inside specgraft (``specgraft/defaults/model``), trained on its own corpus and
-  evaluated on the demo's held-out prompts (``specgraft.demo.write_demo_data``, what ``specgraft demo`` uses),
+  evaluated on the demo's held-out prompts (``specgraft.demo.write_demo_data`` without a target: the
+  corpus's documents, not the demo's self-distilled text),
 
 the shipped ``recipes/<family>/stories260k.yaml`` is trained ONCE through the real command line
 (``specgraft train RECIPE model.name_or_path=... data.path=... training.max_steps=STEPS
