@@ -6,6 +6,8 @@ Nothing here downloads anything. Used by the test-suite, the benchmarks and the 
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -203,13 +205,11 @@ def write_tiny_gguf(path: str | Path, architecture: str = "llama", seed: int = 0
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def run_torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout: float = 600) -> Any:
+def run_torchrun(args: list[str], env: dict[str, str], nproc: int = 2,
+                 timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """``python -m torch.distributed.run --standalone --nproc_per_node nproc *args`` (a free rendezvous port),
     output captured; one retry when a worker died with :data:`TEARDOWN_ABORT`, the launcher's teardown abort, not
     the property a test checks. Any other failure, or a second abort, is returned as it is."""
-    import subprocess
-    import sys
-
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args]
     for _ in range(2):
         run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
