@@ -108,7 +108,6 @@ def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: se
     """Train, evaluate and export every drafter on the default target; returns the summary."""
     import torch
 
-    from specgraft.defaults.corpus import DOMAINS
     from specgraft.defaults.target import default_target_path, default_training_report
     from specgraft.target import load_target
 
@@ -136,7 +135,7 @@ def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: se
                                             export="export" not in skip)
 
     elapsed = time.perf_counter() - started
-    num_prompts = len(DOMAINS) * budget.docs_per_domain
+    num_prompts = len(train_file.read_text(encoding="utf-8").splitlines())
     target_line = (f"the embedded default target (held-out perplexity: {_fmt_ppl(report)}); the drafters trained "
                    f"on its own greedy continuations (up to {budget.continuation_tokens} tokens) of {num_prompts} "
                    "prompts from its training corpus")

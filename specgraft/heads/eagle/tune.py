@@ -87,12 +87,10 @@ def dynamic_tree_scale(probs: list[list[float]], calibration: Mapping[str, Any])
     """The share of the static optimum's acceptance below depth 1 that the calibration run's own dynamic tree
     realised: ``(tau - 1 - depth-1 part) / (static value - depth-1 part)`` at its setting, within [0, 1]; 1 when the
     calibration drafted no tree (or recorded no tau) or its static optimum accepts nothing below depth 1."""
-    drafter, tau = calibration.get("drafter") or {}, calibration.get("tau")
-    keys = {"top_k": drafter.get("top_k"), "depth": drafter.get("k", drafter.get("depth")),
-            "total_tokens": drafter.get("tree_size", drafter.get("total_tokens"))}
-    if drafter.get("mode") != "tree" or not isinstance(tau, (int, float)) or None in keys.values():
+    tree, tau = _reported_tree(calibration.get("drafter") or {}), calibration.get("tau")
+    if tree is None or not isinstance(tau, (int, float)):
         return 1.0
-    value, first, _ = _static_tree(keys, probs)
+    value, first, _ = _static_tree(tree, probs)
     if value - first <= 0:
         return 1.0
     return min(1.0, max(0.0, (float(tau) - 1.0 - first) / (value - first)))
@@ -156,12 +154,18 @@ def same_setting(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return all(a.get(k) == b.get(k) for k in keys)
 
 
+def _reported_tree(drafter: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``{"top_k", "depth", "total_tokens"}`` of the tree an eval report's ``drafter`` section drafted (older
+    reports name depth ``k`` and the size ``tree_size``), or None when it drafted no complete tree setting."""
+    tree = {"top_k": drafter.get("top_k"), "depth": drafter.get("k", drafter.get("depth")),
+            "total_tokens": drafter.get("tree_size", drafter.get("total_tokens"))}
+    return tree if drafter.get("mode") == "tree" and None not in tree.values() else None
+
+
 def is_default_run(report: Mapping[str, Any], head: EagleHeadBase) -> bool:
     """Whether an eval report was drafted at the untuned tree."""
-    drafter, default = report.get("drafter") or {}, default_setting(head)
-    return (drafter.get("mode") == "tree" and drafter.get("top_k") == default["top_k"]
-            and drafter.get("k", drafter.get("depth")) == default["depth"]
-            and drafter.get("tree_size", drafter.get("total_tokens")) == default["total_tokens"])
+    tree, default = _reported_tree(report.get("drafter") or {}), default_setting(head)
+    return tree is not None and all(tree[key] == default[key] for key in tree)
 
 
 #: The registry hooks of this search (EAGLE-1/2 and EAGLE-3 alike; see :mod:`specgraft.heads.registry`).
