@@ -77,14 +77,23 @@ def build_target(size: BenchSize):
                              intermediate_size=size.intermediate, max_position_embeddings=max(1024, size.seq_len)))
 
 
+ALGORITHMS = ("medusa", "eagle", "eagle3")
+
+
 def head_config(algorithm: str, size: BenchSize):
+    """The head section of ``algorithm`` (one of :data:`ALGORITHMS`) at the benchmark's draft size."""
+    from specgraft.heads.eagle.config import EagleConfig
     from specgraft.heads.eagle3.config import Eagle3Config
     from specgraft.heads.medusa.config import MedusaConfig
 
     if algorithm == "eagle3":
         return Eagle3Config(num_layers=DRAFT_LAYERS, ttt_steps=TTT_STEPS,
                             feature_layers=[0, size.layers // 2, size.layers])
-    return MedusaConfig(num_heads=HEADS, num_layers=DRAFT_LAYERS)
+    if algorithm == "eagle":  # EAGLE-1/2 as the EAGLE repo trains it: one pass (no HASS unrolling)
+        return EagleConfig(num_layers=DRAFT_LAYERS)
+    if algorithm == "medusa":
+        return MedusaConfig(num_heads=HEADS, num_layers=DRAFT_LAYERS)
+    raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
 
 
 def make_dataset(size: BenchSize, num_sequences: int, seed: int = 0):
@@ -175,7 +184,7 @@ def parse_peer(text: str) -> tuple[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    parser.add_argument("--algorithms", nargs="+", default=["medusa", "eagle", "eagle3"])
+    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     parser.add_argument("--features", nargs="+", default=["online"], choices=["online", "offline"])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (the machine has 2 cores).")

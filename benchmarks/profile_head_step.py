@@ -20,7 +20,7 @@ import time
 from collections import defaultdict
 
 import torch
-from bench_head_training import SIZES, build_target, head_config, make_dataset
+from bench_head_training import ALGORITHMS, SIZES, build_target, head_config, make_dataset
 
 PHASES = ("data", "target forward", "draft layers forward", "loss", "backward", "optimizer", "host reads")
 
@@ -97,7 +97,7 @@ def profile(algorithm: str, features: str, size_name: str, steps: int) -> dict[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    parser.add_argument("--algorithms", nargs="+", default=["medusa", "eagle", "eagle3"])
+    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     parser.add_argument("--features", nargs="+", default=["online"], choices=["online", "offline"])
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
