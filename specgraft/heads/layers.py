@@ -149,7 +149,9 @@ class TTTKeys:
     """Keys/values of the unrolled steps of training-time test, per draft layer.
 
     The first call for a layer stores the step-0 keys/values ``K0, V0`` [B, Hkv, T, d]; each later call appends
-    that step's ``Kr, Vr`` (same shape), which position ``i`` sees only at its own row (the "diagonal").
+    that step's ``Kr, Vr`` (same shape), which position ``i`` sees only at its own row (the "diagonal"). Passing one
+    also tells the attention that its mask is the training loops' causal one (``causal_additive_mask``), so a
+    single pass (EAGLE-1) passes one too.
     """
 
     def __init__(self) -> None:
@@ -184,7 +186,10 @@ class _DiagonalKeysAttention(torch.autograd.Function):
     block's share of the joint softmax's gradient; the diagonal terms are the same formula done by hand
     (``dS = P (dO . V - rowsum(dO * out))``). Against the keys-concatenated form (K + s*Q keys with a dense
     diagonal mask, then repeated for grouped queries) this does 1/(s + 1) of the kernel work per step and keeps
-    the causal block skipping: the same numbers to rounding (pinned by tests/heads/test_eagle3.py).
+    the causal block skipping: the same numbers to rounding (pinned by tests/heads/test_eagle3.py). Without
+    extras (step 0, and EAGLE-1's single pass) it is the kernel alone, with its causal flag:
+    ``F.scaled_dot_product_attention`` refuses a mask together with ``is_causal`` and, given the mask alone, scores
+    every key block (at 2048 tokens 1.5-1.6x the time).
     """
 
     @staticmethod
@@ -192,6 +197,11 @@ class _DiagonalKeysAttention(torch.autograd.Function):
                 causal: bool, scale: float, *extras: torch.Tensor) -> torch.Tensor:
         block_out, block_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, 0.0, causal, attn_mask=mask, scale=scale)  # [B, H, Q, d], [B, H, Q] fp32
+        if not extras:  # step 0: the block alone (the kernel's causal flag skips the key blocks above the diagonal)
+            out = block_out.contiguous()
+            ctx.save_for_backward(query, key, value, mask, out, block_lse, None)
+            ctx.causal, ctx.scale = causal, scale
+            return out
         diag_scores = _diagonal_scores(query, extras[0::2], scale)  # [B, H, Q, s] fp32
         lse = torch.logsumexp(torch.cat([block_lse.unsqueeze(-1), diag_scores], dim=-1), dim=-1)  # [B, H, Q]
         kv_heads = key.shape[1]
@@ -213,6 +223,8 @@ class _DiagonalKeysAttention(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         grad_query, grad_key, grad_value = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, query, key, value, out, lse, 0.0, ctx.causal, attn_mask=mask, scale=scale)
+        if not extras:
+            return grad_query, grad_key, grad_value, None, None, None
         kv_heads = key.shape[1]
         row_dot = (grad_out.float() * out.float()).sum(-1, keepdim=True)  # [B, H, Q, 1]
         grad_query = grad_query.float()
@@ -284,10 +296,10 @@ def eagle_attention_forward(
     scale = scaling if scaling is not None else head_dim**-0.5
     p_drop = dropout if module.training else 0.0
     if not softcap:
-        if extra and _fused_cpu_ttt(query, p_drop):
+        if eagle_ttt is not None and _fused_cpu_ttt(query, p_drop):
             flat = [t for pair in extra for t in pair]
             # causal=True: the training-time-test loops build the step-0 mask causal, so the kernel may skip the
-            # key blocks above the diagonal
+            # key blocks above the diagonal (step 0 included: there is no extra key then)
             out = _DiagonalKeysAttention.apply(query, key, value, attention_mask, True, scale, *flat)
             return out.transpose(1, 2).contiguous(), None
         if extra:

@@ -209,7 +209,7 @@ class EagleHead(EagleHeadBase):
         mask = causal_additive_mask(length, key_valid, hidden.dtype, hidden.device)  # [B or 1, 1, L, L]
         positions = torch.arange(length, device=hidden.device)[None]  # [1, L]
         next_ids = input_ids[:, 1:]  # [B, L] x_{i+1}
-        state = TTTKeys() if steps > 1 else None  # one pass: plain causal attention
+        state = TTTKeys()  # one pass too: it marks the mask as the causal training mask
         outputs = []
         for s in range(steps):
             step_ids = F.pad(next_ids[:, s:], (0, min(s, length)))  # [B, L] x_{i+s+1}
