@@ -89,6 +89,40 @@ def test_training_loss_shifts_by_one_position(tiny_llama):
     assert offline.loss.item() == pytest.approx(got.loss.item(), rel=1e-5)
 
 
+@pytest.mark.parametrize("num_items", [None, 40])
+def test_chunked_training_loss_equals_the_reference_loss_with_its_gradients(tiny_llama, num_items):
+    """The training loss's logit term goes through the chunked linear cross-entropy (the target's plain lm_head):
+    its value, metrics and every parameter's gradient equal the reference path (eagle1_loss on full logits); the
+    top-1 metric is computed on logged steps only, in both paths."""
+    target = Target(tiny_llama)
+    batch = _batch()
+    head = _head(target, feature_noise=0.0).train()
+    out = target(batch["input_ids"], batch["attention_mask"], layers=head.required_layers(), logits=True)
+    items = None if num_items is None else {"step0": torch.tensor(num_items)}
+    results = {}
+    for path in ("chunked", "reference"):
+        assert (head._plain_lm_head() is not None) == (path == "chunked")
+        head.zero_grad(set_to_none=True)
+        got = head.training_loss(batch, out, items)
+        got.loss.backward()
+        results[path] = (got, {n: p.grad.clone() for n, p in head.named_parameters()})
+        head._plain_lm_head = lambda: None  # the reference path from here on
+        head.metrics_enabled = path == "chunked"
+    (chunked, chunked_grads), (reference, reference_grads) = results["chunked"], results["reference"]
+    torch.testing.assert_close(chunked.loss, reference.loss, rtol=1e-5, atol=1e-7)
+    assert chunked.metrics.keys() == reference.metrics.keys() == {"loss/feature", "loss/logit", "top1/step0"}
+    for key in chunked.metrics:
+        torch.testing.assert_close(chunked.metrics[key], reference.metrics[key], rtol=1e-5, atol=1e-7)
+    for name, grad in chunked_grads.items():
+        torch.testing.assert_close(grad, reference_grads[name], rtol=1e-4, atol=1e-7, msg=name)
+    assert any(g.abs().sum() > 0 for g in chunked_grads.values())
+    head.metrics_enabled = False  # a step that is not logged: no top-1 in either path
+    assert "top1/step0" not in head.training_loss(batch, out, items).metrics  # reference
+    del head._plain_lm_head  # the class's method again
+    assert head._plain_lm_head() is not None
+    assert "top1/step0" not in head.training_loss(batch, out, items).metrics  # chunked
+
+
 def test_feature_noise_only_in_training(tiny_llama):
     target = Target(tiny_llama)
     head = _head(target, feature_noise=0.5)

@@ -49,7 +49,13 @@ from specgraft.heads.layers import (
     draft_layer_config,
     register_eagle_attention,
 )
-from specgraft.heads.losses import masked_mean, soft_cross_entropy, topk_distillation
+from specgraft.heads.losses import (
+    divide_by_count,
+    linear_cross_entropy,
+    masked_mean,
+    soft_cross_entropy,
+    topk_distillation,
+)
 from specgraft.target import Target, TargetOutput
 
 logger = logging.getLogger(__name__)
@@ -151,6 +157,14 @@ class EagleHead(EagleHeadBase):
         """[.., h] draft features -> [.., V] logits through the target's frozen lm_head (and logit soft-cap)."""
         return self.target.logits_from_hidden(features).to(features.dtype)
 
+    def _plain_lm_head(self) -> nn.Linear | None:
+        """The target's lm_head when :meth:`logits` is a plain linear map of the features (no soft-capping), so the
+        logit term can be computed chunk by chunk; None otherwise."""
+        lm_head = self.target.output_head
+        if getattr(self.target.text_config, "final_logit_softcapping", None) or type(lm_head) is not nn.Linear:
+            return None
+        return lm_head
+
     def draft_forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                       attention_mask: torch.Tensor | None, cache: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.features_forward(input_ids, hidden, position_ids, attention_mask, cache)
@@ -247,18 +261,28 @@ class EagleHead(EagleHeadBase):
                 # Offline caches hold only the post-norm features; the target's logits are lm_head(f).
                 last = target_out.hidden_states[self.target.num_layers]
                 target_rows = self.target.logits_from_hidden(last[:, s + 1 : s + 1 + length][scored])
-            loss, step_metrics = eagle1_loss(
-                rows,
-                self.logits(rows),
-                feats[:, s + 1 : s + 1 + length][scored],
-                target_rows,
-                torch.ones(rows.shape[0], device=rows.device),
-                feature_weight=self.config.feature_loss_weight,
-                logit_weight=self.config.logit_loss_weight,
-                num_items=None if num_items is None else num_items[f"step{s}"],
-                topk=self.config.hass_topk,
-                topk_weight=self.config.hass_topk_weight,
-            )
+            next_rows = feats[:, s + 1 : s + 1 + length][scored]  # [N, h] the target's f_{i+s+1}
+            step_items = None if num_items is None else num_items[f"step{s}"]
+            lm_head = self._plain_lm_head() if not self.config.hass_topk else None
+            if lm_head is not None:  # chunked over the rows: no [N, V] draft logits kept for the backward
+                loss, step_metrics = eagle1_linear_loss(
+                    rows, lm_head.weight, lm_head.bias, next_rows, target_rows,
+                    feature_weight=self.config.feature_loss_weight, logit_weight=self.config.logit_loss_weight,
+                    num_items=step_items, with_top1=self.metrics_enabled)
+            else:
+                loss, step_metrics = eagle1_loss(
+                    rows,
+                    self.logits(rows),
+                    next_rows,
+                    target_rows,
+                    torch.ones(rows.shape[0], device=rows.device),
+                    feature_weight=self.config.feature_loss_weight,
+                    logit_weight=self.config.logit_loss_weight,
+                    num_items=step_items,
+                    topk=self.config.hass_topk,
+                    topk_weight=self.config.hass_topk_weight,
+                    with_top1=self.metrics_enabled,
+                )
             term = (self.config.loss_decay ** s) * loss
             total = term if total is None else total + term
             for key, value in step_metrics.items():
@@ -281,6 +305,7 @@ def eagle1_loss(
     num_items: torch.Tensor | None = None,
     topk: int = 0,
     topk_weight: float = 1.0,
+    with_top1: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The EAGLE-1 loss on aligned rows (any leading shape ``S``).
 
@@ -294,6 +319,8 @@ def eagle1_loss(
         num_items: what the sums over rows are divided by instead of ``mask.sum()`` (the whole batch's count when
             this is one micro-batch of it), for the losses and the metric alike.
         topk, topk_weight: HASS's harmonized objective distillation, off when ``topk`` is 0 (see Returns).
+        with_top1: compute the ``top1/step0`` metric (an argmax over the vocabulary; the trainer asks for it on
+            logged steps only).
 
     Returns:
         ``feature_weight * mean_rows(mean_h SmoothL1(pred, next)) + logit_weight * mean_rows(-sum_v p log q)
@@ -311,12 +338,48 @@ def eagle1_loss(
     if topk:
         topk_loss = topk_distillation(draft_logits, target_probs, mask, topk, num_items)
         loss = loss + topk_weight * topk_loss
-    with torch.no_grad():
-        # The draft's logit at the target's top-1 is its maximum (cheaper than a second argmax).
-        best = target_logits.argmax(-1, keepdim=True)
-        hit = draft_logits.gather(-1, best) >= draft_logits.amax(-1, keepdim=True)
-        top1 = masked_mean(hit.squeeze(-1).float(), mask, num_items)
-    metrics = {"loss/feature": feature_loss.detach(), "loss/logit": logit_loss.detach(), "top1/step0": top1}
+    metrics = {"loss/feature": feature_loss.detach(), "loss/logit": logit_loss.detach()}
+    if with_top1:
+        with torch.no_grad():
+            # The draft's logit at the target's top-1 is its maximum (cheaper than a second argmax).
+            best = target_logits.argmax(-1, keepdim=True)
+            hit = draft_logits.gather(-1, best) >= draft_logits.amax(-1, keepdim=True)
+            metrics["top1/step0"] = masked_mean(hit.squeeze(-1).float(), mask, num_items)
     if topk_loss is not None:
         metrics["loss/topk"] = topk_loss.detach()
+    return loss, metrics
+
+
+def eagle1_linear_loss(
+    pred_features: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    next_features: torch.Tensor,
+    target_logits: torch.Tensor,
+    feature_weight: float = 1.0,
+    logit_weight: float = 0.1,
+    num_items: torch.Tensor | None = None,
+    with_top1: bool = True,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """:func:`eagle1_loss` on N rows that all count (no HASS top-K term), with the draft logits
+    ``pred_features @ weight.T + bias`` (the target's plain lm_head) and their soft cross-entropy computed chunk by
+    chunk (:func:`~specgraft.heads.losses.linear_cross_entropy`): nothing [N, V] is kept for the backward.
+
+    Args:
+        pred_features: [N, h]; weight: [V, h]; bias: [V] or None; next_features: [N, h]; target_logits: [N, V].
+        Others as in :func:`eagle1_loss`.
+
+    Returns:
+        The same loss and metrics as ``eagle1_loss(pred, pred @ weight.T + bias, next, target_logits, ones(N), ...)``.
+    """
+    count = pred_features.shape[0] if num_items is None else num_items
+    feat = F.smooth_l1_loss(pred_features.float(), next_features.float(), reduction="none").mean(-1)  # [N]
+    feature_loss = divide_by_count(feat.sum(), count)
+    ce_sum, rank = linear_cross_entropy(pred_features.to(weight.dtype), weight, bias, target_logits=target_logits,
+                                        with_rank=with_top1)
+    logit_loss = divide_by_count(ce_sum, count)
+    loss = feature_weight * feature_loss + logit_weight * logit_loss
+    metrics = {"loss/feature": feature_loss.detach(), "loss/logit": logit_loss.detach()}
+    if rank is not None:  # rank 0: no draft logit above the one at the target's top-1
+        metrics["top1/step0"] = divide_by_count((rank == 0).sum().float(), count).detach()
     return loss, metrics
