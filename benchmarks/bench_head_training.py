@@ -105,7 +105,7 @@ def make_dataset(size: BenchSize, num_sequences: int, seed: int = 0):
     return datasets.Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": ones, "loss_mask": ones})
 
 
-def measure_training(algorithm: str, features: str, size: BenchSize, steps: int) -> dict:
+def measure_training(algorithm: str, features: str, size: BenchSize, steps: int, compile_layers: bool = False) -> dict:
     from specgraft.config import DataConfig, ModelConfig, OutputConfig, Recipe, TrackingConfig, TrainingConfig
     from specgraft.train.trainer import HeadTrainer
 
@@ -115,7 +115,7 @@ def measure_training(algorithm: str, features: str, size: BenchSize, steps: int)
             model=ModelConfig("bench-target"), data=DataConfig("in-memory", max_length=size.seq_len),
             output=OutputConfig(out, overwrite=True), head=head_config(algorithm, size),
             training=TrainingConfig(max_steps=steps, micro_batch_size=size.sequences, checkpoint_every=10 * steps,
-                                    log_every=10 * steps, features=features),
+                                    log_every=10 * steps, features=features, compile=compile_layers),
             tracking=TrackingConfig(backend="none"),
         )
         trainer = HeadTrainer(recipe, target=target, dataset=make_dataset(size, size.sequences * steps),
@@ -163,7 +163,8 @@ def measure_loss(algorithm: str, size: BenchSize) -> dict:
 def run_child(args: argparse.Namespace, algorithm: str, features: str) -> dict:
     """One configuration in a fresh interpreter (its own peak RSS), same PYTHONPATH."""
     cmd = [sys.executable, __file__, "--child", algorithm, features, "--size", args.size, "--steps", str(args.steps),
-           "--threads", str(args.threads)] + (["--loss-memory"] if args.loss_memory else [])
+           "--threads", str(args.threads)] + (["--loss-memory"] if args.loss_memory else []) + \
+        (["--compile"] if args.compile else [])
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"error: the {algorithm}/{features} run failed:\n{done.stderr[-2000:]}")
@@ -188,6 +189,9 @@ def main() -> None:
     parser.add_argument("--features", nargs="+", default=["online"], choices=["online", "offline"])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (the machine has 2 cores).")
+    parser.add_argument("--compile", action="store_true",
+                        help="training.compile: torch.compile the head's draft layers (the first steps compile; "
+                             "tokens/s is measured after the first step, so give enough --steps).")
     parser.add_argument("--loss-memory", action="store_true",
                         help="Measure the head loss alone (time, peak RSS) instead of whole training steps.")
     parser.add_argument("--peer", action="append", type=parse_peer, default=[], metavar="NAME=TOKENS_PER_S",
@@ -205,11 +209,12 @@ def main() -> None:
     if args.child:
         algorithm, features = args.child
         result = measure_loss(algorithm, size) if args.loss_memory else \
-            measure_training(algorithm, features, size, args.steps)
+            measure_training(algorithm, features, size, args.steps, args.compile)
         print(json.dumps(result))
         return
 
-    print(f"size {args.size} {asdict(size)}, {args.threads} thread(s), torch {torch.__version__}")
+    print(f"size {args.size} {asdict(size)}, {args.threads} thread(s), torch {torch.__version__}"
+          + (", training.compile" if args.compile else ""))
     rows = []
     configurations = [(a, f) for a in args.algorithms for f in (["online"] if args.loss_memory else args.features)]
     for algorithm, features in configurations:
@@ -217,10 +222,10 @@ def main() -> None:
             # In this process (its peak RSS is this configuration's); the side-by-side harness times the optimizer
             # steps of the process it starts.
             measured = measure_loss(algorithm, size) if args.loss_memory else \
-                measure_training(algorithm, features, size, args.steps)
+                measure_training(algorithm, features, size, args.steps, args.compile)
         else:
             measured = run_child(args, algorithm, features)
-        row = {"size": args.size, "algorithm": algorithm, "features": features, **measured}
+        row = {"size": args.size, "algorithm": algorithm, "features": features, "compile": args.compile, **measured}
         if args.loss_memory:
             line = f"{algorithm:<8} head loss fwd+bwd {row['head_seconds']:6.2f} s  " \
                    f"peak +{row['head_peak_mib']:6.0f} MiB"

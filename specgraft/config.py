@@ -211,6 +211,12 @@ class TrainingConfig:
     train_metrics_batches: int = 16
     """Micro-batches of held-out data (training rows when there is no eval split) that the family's post-training
     measurement reads (Medusa: each head's top-k accuracy, from which its static tree is built)."""
+    compile: bool = False
+    """Head training only: ``torch.compile`` the head's draft layers (EAGLE-1/2 and DFlash decoder layers, EAGLE-3's
+    midlayer and extra layers; Medusa has nothing worth compiling), fusing their element-wise work (norms, rotary,
+    gated MLP) forward and backward. The first steps compile (tens of seconds on a CPU, which needs a C++ compiler),
+    a second sequence length compiles once more for all lengths; results equal the eager ones to float rounding.
+    Measured on the tiny benchmark head, 2 CPU threads: EAGLE-3 loss forward + backward 18% faster, EAGLE-1 8%."""
 
     def validate(self, path: str) -> None:
         # torch's manual_seed takes seeds in [0, 2**64); numpy's (datasets' shuffles) in [0, 2**32).

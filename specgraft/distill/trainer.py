@@ -40,7 +40,7 @@ from specgraft.distill import data as ddata
 from specgraft.distill.losses import alpha_exact, distill_loss, top1_agreement
 from specgraft.distill.output import DRAFT_META, save_draft
 from specgraft.distill.student import Student, build_student, precheck_student_tokenizer
-from specgraft.errors import SpecgraftError
+from specgraft.errors import ConfigError, SpecgraftError
 from specgraft.heads.base import HeadLoss
 from specgraft.heads.losses import divide_by_count, masked_cross_entropy
 from specgraft.target import Target
@@ -193,6 +193,9 @@ class DistillTrainStep:
 
     def check(self, trainer: RecipeTrainer) -> None:
         """A student with another tokenizer fails before the target and the data are loaded."""
+        if self.recipe.training.compile:
+            raise ConfigError("training.compile compiles a draft head's layers; distillation does not compile its "
+                              "student: set training.compile=false")
         if trainer.target is None:
             precheck_student_tokenizer(self.recipe.model, self.recipe.distill)
 

@@ -76,6 +76,20 @@ class DraftHead(nn.Module):
         # Borrowed, frozen, never saved: hidden from nn.Module registration on purpose.
         object.__setattr__(self, "_target", target)
 
+    # -- training --------------------------------------------------------------------------------------------
+    def compiled_modules(self) -> list[nn.Module]:
+        """The submodules ``training.compile`` compiles: the draft layers, whose many small element-wise ops
+        (norms, rotary, gated MLP) fuse. Default none (a family whose training cost is its matmuls gains nothing)."""
+        return []
+
+    def compile_for_training(self) -> int:
+        """``torch.compile`` each of :meth:`compiled_modules` in place (``nn.Module.compile``: parameter names and
+        saved weights unchanged). Returns how many were compiled."""
+        modules = self.compiled_modules()
+        for module in modules:
+            module.compile()
+        return len(modules)
+
     # -- construction ----------------------------------------------------------------------------------------
     @classmethod
     def build(cls, target: Target, config: Any) -> DraftHead:

@@ -103,6 +103,10 @@ class HeadTrainStep:
         trainer.data_facts.update(facts)
         for key, value in facts.items():
             logger.info("%s: %s", key, value)
+        if tr.compile:
+            compiled = head.compile_for_training()
+            logger.info("training.compile: %d module(s) of the %s head compiled with torch.compile%s", compiled,
+                        r.head.type, "" if compiled else " (none: its training cost is its matmuls)")
         params = trainable_parameters(head)
         if not params:
             raise SpecgraftError(f"the {r.head.type} head has no trainable parameters; check the head recipe")

@@ -96,6 +96,7 @@ def test_distillation_raises_held_out_alpha(tiny_run):
     ("distill.lmbda=1.5", "distill.lmbda must be in [0.0, 1.0], got 1.5"),
     ("distill.beta=-0.1", "distill.beta must be in [0.0, 1.0], got -0.1"),
     ("distill.loss=kld", "distill.loss must be one of fkl, rkl, jsd, tvd, ce, got 'kld'"),
+    ("training.compile=true", "distillation does not compile its student: set training.compile=false"),
 ])
 def test_bad_settings_are_one_line_cli_errors(tiny_run, capsys, override, message):
     _, write_recipe = tiny_run

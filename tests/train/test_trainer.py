@@ -136,3 +136,37 @@ def test_resume_after_sigkill_is_bitwise_equal_to_uninterrupted(tiny_run, tmp_pa
     assert ref_weights.keys() == resumed.keys()
     for name in ref_weights:
         assert torch.equal(ref_weights[name], resumed[name]), name
+
+
+def test_compiled_head_training_equals_eager_training(tiny_run):
+    """training.compile (torch.compile of the EAGLE-3 midlayer): the same losses and trained weights as eager
+    training to float rounding, and the saved head has the same tensor names (compiled in place, no wrapper)."""
+    model_dir, write_recipe = tiny_run
+    heads = {}
+    for compiled in (False, True):
+        out = model_dir.parent / f"out-{compiled}"
+        recipe = write_recipe(head={"type": "eagle3", "ttt_steps": 2},
+                              training={"max_steps": 3, "checkpoint_every": 10, "log_every": 1, "compile": compiled},
+                              output={"dir": str(out)}, tracking={"backend": "none"})
+        assert cli_main(["train", str(recipe), "--no-progress"]) == 0
+        heads[compiled] = (load_file(out / "head" / "head.safetensors"),
+                           json.loads((out / "train_summary.json").read_text()))
+    (eager, eager_summary), (compiled, compiled_summary) = heads[False], heads[True]
+    assert eager.keys() == compiled.keys()
+    for name, weight in eager.items():
+        torch.testing.assert_close(compiled[name], weight, rtol=1e-4, atol=1e-5, msg=name)
+    assert compiled_summary["tokens_seen"] == eager_summary["tokens_seen"]
+
+
+@pytest.mark.parametrize(("family", "compiled"), [("eagle3", 1), ("eagle", 1), ("medusa", 0)])
+def test_compile_for_training_compiles_the_draft_layers_in_place(family, compiled):
+    from specgraft.heads import head_class
+    from specgraft.target import Target
+
+    target = Target(tiny_model("llama"))
+    cls = head_class(family)
+    head = cls.build(target, cls.Config().resolve(target))
+    names = list(head.state_dict())
+    assert head.compile_for_training() == compiled
+    assert sum(m._compiled_call_impl is not None for m in head.modules()) == compiled
+    assert list(head.state_dict()) == names  # in place: no wrapper prefix in the saved names

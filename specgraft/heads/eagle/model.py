@@ -146,6 +146,10 @@ class EagleHead(EagleHeadBase):
         self.layers[0].input_layernorm = nn.Identity()
         self.to(device=target.device)
 
+    def compiled_modules(self) -> list[nn.Module]:
+        """The draft decoder layers (``training.compile``)."""
+        return list(self.layers)
+
     def required_layers(self) -> tuple[int, ...]:
         """The post-norm last hidden state (index N), which the target's lm_head reads."""
         return (self.target.num_layers,)

@@ -148,6 +148,10 @@ class Eagle3Head(EagleHeadBase):
                         "counted from (no held-out rows: expect less on other text)", vd, v, 100.0 * train_coverage)
         return facts
 
+    def compiled_modules(self) -> list[nn.Module]:
+        """The midlayer and any further draft layers (``training.compile``)."""
+        return [self.midlayer, *self.layers]
+
     def required_layers(self) -> tuple[int, ...]:
         return tuple(dict.fromkeys(int(i) for i in self.config.feature_layers))
 
