@@ -40,7 +40,6 @@ from specgraft.heads.base import RECIPE_NAME, DraftHead
 from specgraft.target import Target, target_from_config
 from specgraft.train import checkpoint as ckpt
 from specgraft.train.step import HeadTrainStep, TrainStep
-from specgraft.utils.cpu_memory import keep_freed_memory
 from specgraft.utils.io import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -208,8 +207,6 @@ class RecipeTrainer:
                 find_unused_parameters=self.train_step.find_unused_parameters)],
         )
         acc = self.accelerator
-        if acc.device.type == "cpu":
-            keep_freed_memory()  # per-step tensors reuse freed memory instead of faulting in fresh pages
         set_seed(tr.seed)
         if self.target is None:
             self.target = target_from_config(r.model, device=acc.device)
