@@ -85,17 +85,27 @@ def block_attention_mask(anchors: torch.Tensor, block_size: int, context_length:
     ``j`` sees context key ``t`` iff ``t < anchors[:, j]`` (and ``context_valid[:, t]``: padding keys are hidden) and
     every slot of block ``j``. No query sees another block.
     """
-    batch, num_blocks = anchors.shape
-    device = anchors.device
-    queries = num_blocks * block_size
-    t = torch.arange(context_length, device=device)
+    context = block_context_mask(anchors, block_size, context_length, context_valid)  # [B, Q, T]
+    own = own_block_mask(anchors.shape[1], block_size, anchors.device).expand(anchors.shape[0], -1, -1)  # [B, Q, Q]
+    return torch.cat([context, own], dim=-1)
+
+
+def block_context_mask(anchors: torch.Tensor, block_size: int, context_length: int,
+                       context_valid: torch.Tensor | None = None) -> torch.Tensor:
+    """The context part of :func:`block_attention_mask`: [B, A * bs, T] bool, query (block j, any slot) sees
+    context key ``t`` iff ``t < anchors[:, j]`` (and ``context_valid[:, t]``)."""
+    t = torch.arange(context_length, device=anchors.device)
     query_anchor = anchors.repeat_interleave(block_size, dim=1)  # [B, Q]
     context = t[None, None, :] < query_anchor[:, :, None]  # [B, Q, T]
     if context_valid is not None:
         context = context & context_valid.bool()[:, None, :]
-    block_of = torch.arange(queries, device=device) // block_size  # [Q]
-    own = (block_of[:, None] == block_of[None, :]).expand(batch, queries, queries)  # [B, Q, Q]
-    return torch.cat([context, own], dim=-1)
+    return context
+
+
+def own_block_mask(num_blocks: int, block_size: int, device: torch.device | None = None) -> torch.Tensor:
+    """The block part of :func:`block_attention_mask`: [A * bs, A * bs] bool, each slot sees its own block's."""
+    block_of = torch.arange(num_blocks * block_size, device=device) // block_size  # [Q]
+    return block_of[:, None] == block_of[None, :]
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

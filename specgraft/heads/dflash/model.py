@@ -39,10 +39,11 @@ from specgraft.heads.base import DraftHead, HeadLoss
 from specgraft.heads.dflash.config import DFlashConfig, resolve_dflash_config
 from specgraft.heads.dflash.losses import (
     additive_mask,
-    block_attention_mask,
+    block_context_mask,
     block_label_mask,
     block_positions,
     dflash_position_weights,
+    own_block_mask,
     select_anchors,
 )
 from specgraft.heads.draft_vocab import build_draft_vocab, draft_to_target_ids, vocab_coverage
@@ -78,6 +79,7 @@ def dflash_attention_forward(
     dropout: float = 0.0,
     softcap: float | None = None,
     dflash_queries: int | None = None,
+    dflash_block_size: int | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Attention of the last ``dflash_queries`` query rows over every key (an ``AttentionInterface`` function).
@@ -85,15 +87,37 @@ def dflash_attention_forward(
     Shapes: query [B, H, R, d] (R = context rows + Q block rows), key/value [B, Hkv, K, d] (after the cache),
     attention_mask additive [B or 1, 1, Q, K] or None (every key visible: no causal masking at all). Returns
     [B, R, H, d] with zeros in the first ``R - Q`` rows.
+
+    ``dflash_block_size`` (training): the keys are ``[context (K - Q) | the Q block slots]``, the Q queries form
+    Q / bs blocks of ``bs`` slots, and a query sees the context keys ``attention_mask`` [B or 1, 1, Q, K - Q] opens
+    and exactly the slots of its own block. On the CPU that goes through :class:`_BlockKeysAttention` (context keys
+    through the fused kernel, the in-block keys by hand, one joint softmax) instead of scoring every block against
+    every other; elsewhere the dense mask over all K keys is built here.
     """
     rows = query.shape[2]
     q_len = rows if dflash_queries is None else int(dflash_queries)
     q = query[:, :, rows - q_len:]
+    p_drop = dropout if module.training else 0.0
+    if dflash_block_size:
+        if attention_mask is None:
+            raise ValueError("dflash_block_size needs the context mask (attention_mask [B, 1, Q, K - Q])")
+        context_len = key.shape[2] - q_len
+        if not softcap and _fused_cpu_blocks(q, p_drop):
+            scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+            out = _BlockKeysAttention.apply(q.contiguous(), key[:, :, :context_len], value[:, :, :context_len],
+                                            attention_mask, key[:, :, context_len:], value[:, :, context_len:],
+                                            int(dflash_block_size), scale)
+            out = out.transpose(1, 2)  # [B, Q, H, d]
+            if q_len < rows:
+                out = torch.cat([out.new_zeros(out.shape[0], rows - q_len, *out.shape[2:]), out], dim=1)
+            return out.contiguous(), None
+        own = additive_mask(own_block_mask(q_len // int(dflash_block_size), int(dflash_block_size), q.device)[None],
+                            attention_mask.dtype)  # [1, 1, Q, Q]
+        attention_mask = torch.cat([attention_mask, own.expand(attention_mask.shape[0], -1, -1, -1)], dim=-1)
     groups = q.shape[1] // key.shape[1]
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    p_drop = dropout if module.training else 0.0
     if softcap:
         scores = torch.matmul(q, key.transpose(-1, -2)) * scale
         scores = torch.tanh(scores / softcap) * softcap
@@ -107,6 +131,78 @@ def dflash_attention_forward(
     if q_len < rows:
         out = torch.cat([out.new_zeros(out.shape[0], rows - q_len, *out.shape[2:]), out], dim=1)
     return out.contiguous(), None
+
+
+def _fused_cpu_blocks(query: torch.Tensor, p_drop: float) -> bool:
+    """Whether :class:`_BlockKeysAttention` runs here: CPU, no dropout, and torch's CPU flash-attention ops (they
+    return the softmax's log-sum-exp, which the public ``scaled_dot_product_attention`` does not)."""
+    return (query.device.type == "cpu" and not p_drop
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"))
+
+
+def _blocked(x: torch.Tensor, kv_heads: int, block_size: int) -> torch.Tensor:
+    """[B, H, Q, d] -> [B, Hkv, H / Hkv, Q / bs, bs, d] (a view of a contiguous x)."""
+    bsz, heads, length, dim = x.shape
+    return x.reshape(bsz, kv_heads, heads // kv_heads, length // block_size, block_size, dim)
+
+
+class _BlockKeysAttention(torch.autograd.Function):
+    """DFlash training attention with the in-block keys kept out of the fused kernel (CPU).
+
+    ``query`` [B, H, Q, d] (Q = A blocks of ``bs`` slots) attends to the context keys ``key/value`` [B, Hkv, T, d]
+    under the additive ``mask`` [B or 1, 1, Q, T], plus the ``bs`` keys ``block_key/block_value`` [B, Hkv, Q, d] of
+    its own block (all visible), one softmax over both. The context goes through torch's CPU flash kernel, which
+    returns its log-sum-exp ``lse_c``; the [bs, bs] in-block scores ``S_b`` join it as ``lse = logsumexp(lse_c, S_b)``
+    and ``out = exp(lse_c - lse) out_c + exp(S_b - lse) V_b``. The backward hands the kernel's backward the joint
+    ``out`` and ``lse``, which makes it return exactly the context's share of the joint softmax's gradient; the
+    in-block share is the same formula done by hand (``dS = P (dO V^T - rowsum(dO * out))``). Against the dense
+    form (every query scored against all T + Q keys, the other blocks masked) this scores T + bs keys per query
+    instead of T + Q: the same numbers to rounding (pinned by tests/heads/dflash/test_dflash.py).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                block_key: torch.Tensor, block_value: torch.Tensor, block_size: int, scale: float) -> torch.Tensor:
+        kv_heads = key.shape[1]
+        ctx_out, ctx_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, 0.0, False, attn_mask=mask, scale=scale)  # [B, H, Q, d], [B, H, Q] fp32
+        q6 = _blocked(query, kv_heads, block_size).float()  # [B, Hkv, G, A, bs, d]
+        k6 = _blocked(block_key.contiguous(), kv_heads, block_size).float()  # [B, Hkv, 1, A, bs, d]
+        v6 = _blocked(block_value.contiguous(), kv_heads, block_size).float()
+        scores = q6 @ k6.transpose(-1, -2) * scale  # [B, Hkv, G, A, bs(query), bs(key)]
+        ctx_lse6 = _blocked(ctx_lse.unsqueeze(-1), kv_heads, block_size)  # [B, Hkv, G, A, bs, 1]
+        lse6 = torch.logsumexp(torch.cat([ctx_lse6, scores], dim=-1), dim=-1, keepdim=True)  # [B, Hkv, G, A, bs, 1]
+        weights = torch.exp(scores - lse6)  # the in-block softmax weights, kept for the backward
+        out6 = _blocked(ctx_out, kv_heads, block_size).float() * torch.exp(ctx_lse6 - lse6) + weights @ v6
+        out = out6.reshape(query.shape).to(query.dtype).contiguous()  # [B, H, Q, d]
+        lse = lse6.reshape(ctx_lse.shape)  # [B, H, Q]
+        ctx.save_for_backward(query, key, value, mask, block_key, block_value, out, lse, weights)
+        ctx.block_size, ctx.scale = block_size, scale
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        query, key, value, mask, block_key, block_value, out, lse, weights = ctx.saved_tensors
+        bs, scale = ctx.block_size, ctx.scale
+        kv_heads = key.shape[1]
+        grad_out = grad_out.contiguous()
+        grad_query, grad_key, grad_value = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, query, key, value, out, lse, 0.0, False, attn_mask=mask, scale=scale)
+        g6 = _blocked(grad_out, kv_heads, bs).float()  # [B, Hkv, G, A, bs, d]
+        o6 = _blocked(out, kv_heads, bs).float()
+        q6 = _blocked(query, kv_heads, bs).float()
+        k6 = _blocked(block_key.contiguous(), kv_heads, bs).float()
+        v6 = _blocked(block_value.contiguous(), kv_heads, bs).float()
+        row_dot = (g6 * o6).sum(-1, keepdim=True)  # [B, Hkv, G, A, bs, 1]
+        grad_scores = weights * (g6 @ v6.transpose(-1, -2) - row_dot) * scale  # [B, Hkv, G, A, bs, bs]
+        grad_query = grad_query.float() + (grad_scores @ k6).reshape(query.shape)
+        # keys/values: summed over the G query heads that share them
+        grad_block_key = (grad_scores.transpose(-1, -2) @ q6).sum(2).reshape(block_key.shape)
+        grad_block_value = (weights.transpose(-1, -2) @ g6).sum(2).reshape(block_value.shape)
+        return (grad_query.to(query.dtype), grad_key, grad_value, None, grad_block_key.to(block_key.dtype),
+                grad_block_value.to(block_value.dtype), None, None)
 
 
 def _layer_norms(layer: nn.Module) -> bool:
@@ -279,7 +375,8 @@ class DFlashHead(DraftHead):
         return self.hidden_norm(self.fc(fused.to(self.param_dtype)))
 
     def block_forward(self, block_embeds: torch.Tensor, context: torch.Tensor, position_ids: torch.Tensor,
-                      attention_mask: torch.Tensor | None, cache: Any = None) -> torch.Tensor:
+                      attention_mask: torch.Tensor | None, cache: Any = None,
+                      blocks_of: int | None = None) -> torch.Tensor:
         """The draft layers over Q block slots.
 
         Args:
@@ -290,6 +387,9 @@ class DFlashHead(DraftHead):
                 (every key visible: decoding, where the cache holds only positions before the anchor).
             cache: a transformers ``DynamicCache`` (context keys of earlier calls; extended in place by C + Q rows,
                 so the caller crops the block rows off afterwards), or None.
+            blocks_of: training: the Q slots are Q / ``blocks_of`` blocks that each see their own slots and the
+                context keys ``attention_mask`` [B or 1, 1, Q, C] opens (the mask then covers the context only), which
+                lets the attention skip the other blocks' keys.
 
         Returns:
             [B, Q, h] the last layer's block states (before :attr:`norm`).
@@ -297,6 +397,8 @@ class DFlashHead(DraftHead):
         q_len = block_embeds.shape[1]
         position_embeddings = self._rope(block_embeds, position_ids)
         extra = {"cache": cache} if cache is not None else {}
+        if blocks_of is not None:
+            extra["dflash_block_size"] = blocks_of
         x = block_embeds
         for layer in self.layers:
             residual = x
@@ -381,9 +483,11 @@ class DFlashHead(DraftHead):
         embeds = self.embed(slot_ids.view(batch_size, num_blocks * bs))  # [B, A*bs, h]
         positions = torch.cat([torch.arange(seq_len, device=input_ids.device).expand(batch_size, seq_len),
                                block_positions(anchors, bs)], dim=1)  # [B, T + A*bs]
-        visible = block_attention_mask(anchors, bs, seq_len, None if real is None else real.bool())
-        mask = additive_mask(visible, context.dtype)  # [B, 1, A*bs, T + A*bs]
-        hidden = self.block_forward(embeds, context, positions, mask)  # [B, A*bs, h]
+        # The context part only ([B, 1, A*bs, T]): each block's own slots are implied by blocks_of (the dense
+        # [A*bs, T + A*bs] mask, the other blocks' keys hidden, is built only where the attention needs it).
+        visible = block_context_mask(anchors, bs, seq_len, None if real is None else real.bool())
+        mask = additive_mask(visible, context.dtype)
+        hidden = self.block_forward(embeds, context, positions, mask, blocks_of=bs)  # [B, A*bs, h]
         return hidden.view(batch_size, num_blocks, bs, -1), anchors, anchor_valid, labels
 
     def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,

@@ -64,6 +64,39 @@ def test_training_loss_equals_the_reference_on_full_logits(tiny_arch, draft_voca
     assert result.loss.item() == pytest.approx(reference_loss(head, batch, out, seed=7).item(), rel=1e-5)
 
 
+def test_block_split_attention_equals_the_dense_block_mask_with_its_gradients(tiny_arch, monkeypatch):
+    """Training attention on the CPU scores each query against the context its mask opens and its own block's slots
+    only (_BlockKeysAttention: context through the fused kernel, joined with the in-block scores by log-sum-exp);
+    the dense path (every block's keys, the others masked: other devices) gives the same loss and the same gradient
+    for every parameter, on a padded batch."""
+    from specgraft.heads.dflash import model as dflash_model
+
+    target = Target(tiny_model(tiny_arch), tiny_tokenizer())
+    head = make_head(target, block_size=4, max_anchors=6).train()
+    batch = make_batch()
+    out = target(batch["input_ids"], batch["attention_mask"], layers=head.required_layers())
+    results, calls = {}, []
+    apply = dflash_model._BlockKeysAttention.apply
+    monkeypatch.setattr(dflash_model._BlockKeysAttention, "apply", lambda *a: calls.append(1) or apply(*a))
+    for path in ("split", "dense"):
+        if path == "dense":
+            # the split path ran (not for soft-capped attention scores, Gemma-2's, which keep the dense path)
+            assert bool(calls) != bool(getattr(head.draft_config, "attn_logit_softcapping", None))
+            calls.clear()
+            monkeypatch.setattr(dflash_model, "_fused_cpu_blocks", lambda *_: False)
+        head.zero_grad(set_to_none=True)
+        torch.manual_seed(11)
+        loss = head.training_loss(dict(batch), out).loss
+        loss.backward()
+        results[path] = (loss.detach(), {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None})
+    assert not calls  # the dense path ran
+    (split, split_grads), (dense, dense_grads) = results["split"], results["dense"]
+    torch.testing.assert_close(split, dense, rtol=1e-5, atol=1e-6)
+    assert split_grads.keys() == dense_grads.keys() and len(split_grads) > 4
+    for name, grad in split_grads.items():
+        torch.testing.assert_close(grad, dense_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_each_block_sees_only_its_context_prefix_and_itself(llama_target):
     """The batched training forward of several blocks == each block run alone on the context before its anchor."""
     head = make_head(llama_target, block_size=3, max_anchors=4).eval()
@@ -166,3 +199,35 @@ def test_config_from_a_recipe_head_section(llama_target):
                               draft_vocab_size=None, decay_gamma=None, max_anchors=64)
     cfg = DFlashHead.config_from_recipe(section, llama_target)
     assert cfg == DFlashConfig(block_size=6, num_layers=2, aux_layer_ids=[1, 2], mask_token_id=262, max_anchors=64)
+
+
+def test_block_keys_attention_equals_the_joint_softmax_with_an_empty_context_row():
+    """_BlockKeysAttention against the written-out joint softmax (context scores under the mask ++ own-block scores):
+    grouped-query heads (4 on 2), a query row whose context is entirely masked (an anchor at position 0) and the
+    transposed layout transformers hands over; outputs and the gradients of q and of both key/value groups."""
+    from specgraft.heads.dflash.losses import additive_mask, own_block_mask
+    from specgraft.heads.dflash.model import _BlockKeysAttention
+
+    batch, heads, kv_heads, context, blocks, bs, dim = 2, 4, 2, 6, 3, 4, 8
+    queries = blocks * bs
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(batch, queries, heads, dim, generator=gen).transpose(1, 2).requires_grad_()
+    k, v, kb, vb = (torch.randn(batch, n, kv_heads, dim, generator=gen).transpose(1, 2).requires_grad_()
+                    for n in (context, context, queries, queries))
+    visible = torch.rand(batch, queries, context, generator=gen) > 0.4
+    visible[0, :bs] = False  # block 0 of row 0 sees no context at all
+    mask = additive_mask(visible, torch.float32)  # [B, 1, Q, T]
+    out = _BlockKeysAttention.apply(q.contiguous(), k, v, mask, kb, vb, bs, dim ** -0.5)
+
+    dense_mask = torch.cat([mask, additive_mask(own_block_mask(blocks, bs)[None], torch.float32).expand(
+        batch, -1, -1, -1)], dim=-1)  # [B, 1, Q, T + Q]
+    keys = torch.cat([k, kb], dim=2).repeat_interleave(heads // kv_heads, dim=1)
+    values = torch.cat([v, vb], dim=2).repeat_interleave(heads // kv_heads, dim=1)
+    reference = torch.softmax(q @ keys.transpose(-1, -2) * dim ** -0.5 + dense_mask, dim=-1) @ values
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-6)
+    weights = torch.randn(out.shape, generator=gen)
+    leaves = [q, k, v, kb, vb]
+    got = torch.autograd.grad((out * weights).sum(), leaves)
+    want = torch.autograd.grad((reference * weights).sum(), leaves)
+    for name, g, w in zip(("q", "k", "v", "block k", "block v"), got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6, msg=name)
