@@ -8,7 +8,8 @@ Two configurations, random weights (nothing is downloaded), fp32 on CPU:
   intermediate 1536, vocab 49152) with only 4 layers; 1 sequence x 2048 tokens per step; the EAGLE-3 draft
   vocabulary is the default min(32000, V). Here FLOPs and the vocabulary-sized logits dominate, not Python.
 
-Both: 3 Medusa heads / 3 EAGLE-3 training-time-test steps, 1 draft layer. It runs our real trainer (``HeadTrainer``:
+Both: 3 Medusa heads / 3 EAGLE-3 training-time-test steps / DFlash blocks of 8 (up to 512 anchors per sequence),
+1 draft layer. It runs our real trainer (``HeadTrainer``:
 target forward, head loss, backward, clipping, AdamW, scheduler) and reports target tokens per second after the
 first step and the peak RSS; with several configurations each (algorithm, features) runs in a fresh subprocess, so
 the peak RSS is that configuration's (a single one runs in this process).
@@ -77,7 +78,7 @@ def build_target(size: BenchSize):
                              intermediate_size=size.intermediate, max_position_embeddings=max(1024, size.seq_len)))
 
 
-ALGORITHMS = ("medusa", "eagle", "eagle3")
+ALGORITHMS = ("medusa", "eagle", "eagle3", "dflash")
 
 
 def head_config(algorithm: str, size: BenchSize):
@@ -93,6 +94,10 @@ def head_config(algorithm: str, size: BenchSize):
         return EagleConfig(num_layers=DRAFT_LAYERS)
     if algorithm == "medusa":
         return MedusaConfig(num_heads=HEADS, num_layers=DRAFT_LAYERS)
+    if algorithm == "dflash":  # defaults: block 8, up to 512 anchors per sequence; ids 0-2 never occur in the data
+        from specgraft.heads.dflash.config import DFlashConfig
+
+        return DFlashConfig(num_layers=DRAFT_LAYERS, mask_token_id=0)
     raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
 
 
