@@ -83,6 +83,7 @@ ALGORITHMS = ("medusa", "eagle", "eagle3", "dflash")
 
 def head_config(algorithm: str, size: BenchSize):
     """The head section of ``algorithm`` (one of :data:`ALGORITHMS`) at the benchmark's draft size."""
+    from specgraft.heads.dflash.config import DFlashConfig
     from specgraft.heads.eagle.config import EagleConfig
     from specgraft.heads.eagle3.config import Eagle3Config
     from specgraft.heads.medusa.config import MedusaConfig
@@ -95,8 +96,6 @@ def head_config(algorithm: str, size: BenchSize):
     if algorithm == "medusa":
         return MedusaConfig(num_heads=HEADS, num_layers=DRAFT_LAYERS)
     if algorithm == "dflash":  # defaults: block 8, up to 512 anchors per sequence; ids 0-2 never occur in the data
-        from specgraft.heads.dflash.config import DFlashConfig
-
         return DFlashConfig(num_layers=DRAFT_LAYERS, mask_token_id=0)
     raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
 

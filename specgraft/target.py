@@ -247,6 +247,14 @@ class Target:
             logits = torch.tanh(logits / softcap) * softcap
         return logits
 
+    def plain_output_head(self) -> nn.Linear | None:
+        """The lm_head when :meth:`logits_from_hidden` is a plain linear map (an ``nn.Linear``, no soft-capping), so a
+        loss over the vocabulary can be computed chunk by chunk from its weight; None otherwise."""
+        head = self.output_head
+        if getattr(self.text_config, "final_logit_softcapping", None) or type(head) is not nn.Linear:
+            return None
+        return head
+
     # -- forward ---------------------------------------------------------------------------------------------
     @torch.no_grad()
     def forward(

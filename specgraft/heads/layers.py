@@ -166,9 +166,10 @@ class TTTKeys:
             self.diag[layer_idx].append((key, value))
 
 
-def _fused_cpu_ttt(query: torch.Tensor, p_drop: float) -> bool:
-    """Whether :class:`_DiagonalKeysAttention` runs here: CPU, no dropout, and torch's CPU flash-attention ops
-    (they return the softmax's log-sum-exp, which the public ``scaled_dot_product_attention`` does not)."""
+def cpu_flash_with_lse(query: torch.Tensor, p_drop: float) -> bool:
+    """Whether the attentions that join extra keys to torch's CPU flash kernel by log-sum-exp can run here
+    (:class:`_DiagonalKeysAttention`, DFlash's block attention): CPU, no dropout, and torch's CPU flash-attention
+    ops (they return the softmax's log-sum-exp, which the public ``scaled_dot_product_attention`` does not)."""
     return (query.device.type == "cpu" and not p_drop
             and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
             and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"))
@@ -296,7 +297,7 @@ def eagle_attention_forward(
     scale = scaling if scaling is not None else head_dim**-0.5
     p_drop = dropout if module.training else 0.0
     if not softcap:
-        if eagle_ttt is not None and _fused_cpu_ttt(query, p_drop):
+        if eagle_ttt is not None and cpu_flash_with_lse(query, p_drop):
             flat = [t for pair in extra for t in pair]
             # causal=True: the training-time-test loops build the step-0 mask causal, so the kernel may skip the
             # key blocks above the diagonal (step 0 included: there is no extra key then)

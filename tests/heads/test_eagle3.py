@@ -265,9 +265,9 @@ def test_ttt_attention_equals_the_explicit_joint_softmax_with_its_gradients(cpu_
     from specgraft.heads import layers
     from specgraft.heads.layers import TTTKeys, eagle_attention_forward
 
-    assert layers._fused_cpu_ttt(torch.zeros(1), 0.0)  # torch still has the CPU flash ops this path needs
+    assert layers.cpu_flash_with_lse(torch.zeros(1), 0.0)  # torch still has the CPU flash ops this path needs
     if not cpu_flash:
-        monkeypatch.setattr(layers, "_fused_cpu_ttt", lambda *_: False)
+        monkeypatch.setattr(layers, "cpu_flash_with_lse", lambda *_: False)
 
     batch, heads, kv_heads, length, dim, steps = 2, 4, 2, 7, 8, 3
     gen = torch.Generator().manual_seed(3)

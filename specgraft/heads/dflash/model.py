@@ -47,7 +47,7 @@ from specgraft.heads.dflash.losses import (
     select_anchors,
 )
 from specgraft.heads.draft_vocab import build_draft_vocab, draft_to_target_ids, vocab_coverage
-from specgraft.heads.layers import RotaryPositions, build_decoder_layer, draft_layer_config
+from specgraft.heads.layers import RotaryPositions, build_decoder_layer, cpu_flash_with_lse, draft_layer_config
 from specgraft.heads.losses import divide_by_count, linear_cross_entropy
 from specgraft.target import Target, TargetOutput
 from specgraft.utils.seeds import derive_seed
@@ -98,47 +98,36 @@ def dflash_attention_forward(
     q_len = rows if dflash_queries is None else int(dflash_queries)
     q = query[:, :, rows - q_len:]
     p_drop = dropout if module.training else 0.0
-    if dflash_block_size:
-        if attention_mask is None:
-            raise ValueError("dflash_block_size needs the context mask (attention_mask [B, 1, Q, K - Q])")
-        context_len = key.shape[2] - q_len
-        if not softcap and _fused_cpu_blocks(q, p_drop):
-            scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-            out = _BlockKeysAttention.apply(q.contiguous(), key[:, :, :context_len], value[:, :, :context_len],
-                                            attention_mask, key[:, :, context_len:], value[:, :, context_len:],
-                                            int(dflash_block_size), scale)
-            out = out.transpose(1, 2)  # [B, Q, H, d]
-            if q_len < rows:
-                out = torch.cat([out.new_zeros(out.shape[0], rows - q_len, *out.shape[2:]), out], dim=1)
-            return out.contiguous(), None
-        own = additive_mask(own_block_mask(q_len // int(dflash_block_size), int(dflash_block_size), q.device)[None],
-                            attention_mask.dtype)  # [1, 1, Q, Q]
-        attention_mask = torch.cat([attention_mask, own.expand(attention_mask.shape[0], -1, -1, -1)], dim=-1)
-    groups = q.shape[1] // key.shape[1]
-    if groups > 1:
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    if softcap:
-        scores = torch.matmul(q, key.transpose(-1, -2)) * scale
-        scores = torch.tanh(scores / softcap) * softcap
-        if attention_mask is not None:
-            scores = scores + attention_mask
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(F.dropout(weights, p=p_drop) if p_drop else weights, value)
+    if dflash_block_size and attention_mask is None:
+        raise ValueError("dflash_block_size needs the context mask (attention_mask [B, 1, Q, K - Q])")
+    if dflash_block_size and not softcap and cpu_flash_with_lse(q, p_drop):
+        context_len = key.shape[2] - q_len
+        out = _BlockKeysAttention.apply(q.contiguous(), key[:, :, :context_len], value[:, :, :context_len],
+                                        attention_mask, key[:, :, context_len:], value[:, :, context_len:],
+                                        int(dflash_block_size), scale)
     else:
-        out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, dropout_p=p_drop, scale=scale)
+        if dflash_block_size:  # the dense mask: the context part given, each block's own slots open
+            own = additive_mask(own_block_mask(q_len // int(dflash_block_size), int(dflash_block_size),
+                                               q.device)[None], attention_mask.dtype)  # [1, 1, Q, Q]
+            attention_mask = torch.cat([attention_mask, own.expand(attention_mask.shape[0], -1, -1, -1)], dim=-1)
+        groups = q.shape[1] // key.shape[1]
+        if groups > 1:
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        if softcap:
+            scores = torch.matmul(q, key.transpose(-1, -2)) * scale
+            scores = torch.tanh(scores / softcap) * softcap
+            if attention_mask is not None:
+                scores = scores + attention_mask
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            out = torch.matmul(F.dropout(weights, p=p_drop) if p_drop else weights, value)
+        else:
+            out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, dropout_p=p_drop,
+                                                 scale=scale)
     out = out.transpose(1, 2)  # [B, Q, H, d]
     if q_len < rows:
         out = torch.cat([out.new_zeros(out.shape[0], rows - q_len, *out.shape[2:]), out], dim=1)
     return out.contiguous(), None
-
-
-def _fused_cpu_blocks(query: torch.Tensor, p_drop: float) -> bool:
-    """Whether :class:`_BlockKeysAttention` runs here: CPU, no dropout, and torch's CPU flash-attention ops (they
-    return the softmax's log-sum-exp, which the public ``scaled_dot_product_attention`` does not)."""
-    return (query.device.type == "cpu" and not p_drop
-            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
-            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"))
 
 
 def _blocked(x: torch.Tensor, kv_heads: int, block_size: int) -> torch.Tensor:

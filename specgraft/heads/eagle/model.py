@@ -162,12 +162,8 @@ class EagleHead(EagleHeadBase):
         return self.target.logits_from_hidden(features).to(features.dtype)
 
     def _plain_lm_head(self) -> nn.Linear | None:
-        """The target's lm_head when :meth:`logits` is a plain linear map of the features (no soft-capping), so the
-        logit term can be computed chunk by chunk; None otherwise."""
-        lm_head = self.target.output_head
-        if getattr(self.target.text_config, "final_logit_softcapping", None) or type(lm_head) is not nn.Linear:
-            return None
-        return lm_head
+        """The target's lm_head when :meth:`logits` is a plain linear map of the features (chunked logit term)."""
+        return self.target.plain_output_head()
 
     def draft_forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                       attention_mask: torch.Tensor | None, cache: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,6 +250,8 @@ class EagleHead(EagleHeadBase):
             return HeadLoss(loss=zero, metrics={})
         total = None
         metrics: dict[str, torch.Tensor] = {}
+        # the chunked logit term needs the target's plain lm_head and no HASS top-K term
+        lm_head = self._plain_lm_head() if not self.config.hass_topk else None
         for s, pred in enumerate(self.align_outputs(batch, target_out)):
             # Index i (i < T-s-2) predicts f_{i+s+1}, scored when its token x_{i+s+2} is a real loss token.
             length = max(seq_len - s - 2, 0)
@@ -267,7 +265,6 @@ class EagleHead(EagleHeadBase):
                 target_rows = self.target.logits_from_hidden(last[:, s + 1 : s + 1 + length][scored])
             next_rows = feats[:, s + 1 : s + 1 + length][scored]  # [N, h] the target's f_{i+s+1}
             step_items = None if num_items is None else num_items[f"step{s}"]
-            lm_head = self._plain_lm_head() if not self.config.hass_topk else None
             if lm_head is not None:  # chunked over the rows: no [N, V] draft logits kept for the backward
                 loss, step_metrics = eagle1_linear_loss(
                     rows, lm_head.weight, lm_head.bias, next_rows, target_rows,

@@ -132,10 +132,10 @@ class MedusaHead(DraftHead):
     def _plain_projection(self, k: int) -> nn.Linear | None:
         """Head ``k``'s vocabulary projection when its logits are a plain linear map of the block's output (no
         soft-capping), so the loss can be computed chunk by chunk; None otherwise."""
-        if self._softcap:
-            return None
-        projection = self.target.output_head if self.lm_heads is None else self.lm_heads[k]
-        return projection if type(projection) is nn.Linear else None
+        if self.lm_heads is None:
+            return self.target.plain_output_head()
+        projection = self.lm_heads[k]
+        return projection if not self._softcap and type(projection) is nn.Linear else None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[B, T, h] last hidden states -> [K, B, T, V] logits (head k predicts position t + k + 2)."""

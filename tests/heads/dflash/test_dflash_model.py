@@ -83,7 +83,7 @@ def test_block_split_attention_equals_the_dense_block_mask_with_its_gradients(ti
             # the split path ran (not for soft-capped attention scores, Gemma-2's, which keep the dense path)
             assert bool(calls) != bool(getattr(head.draft_config, "attn_logit_softcapping", None))
             calls.clear()
-            monkeypatch.setattr(dflash_model, "_fused_cpu_blocks", lambda *_: False)
+            monkeypatch.setattr(dflash_model, "cpu_flash_with_lse", lambda *_: False)
         head.zero_grad(set_to_none=True)
         torch.manual_seed(11)
         loss = head.training_loss(dict(batch), out).loss
