@@ -21,6 +21,8 @@ One run, in a scratch folder (``--work``, default ``<out stem>_work`` beside ``-
     python benchmarks/bench_dflash.py --out runs/bench-dflash.json
     python benchmarks/bench_dflash.py --out runs/bench-dflash-tuned.json --skip-training --tune
     python benchmarks/bench_dflash.py --out /tmp/dflash.json --steps 60 --per-domain 2   # smoke run
+    python benchmarks/bench_dflash.py --out runs/b2.json --work runs/b2 --train dflash \
+        --override dflash:head.max_anchors=256 --tune      # a DFlash variant against the EAGLE-3 head in --work
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from specgraft.utils.scripts import load_sibling
+from specgraft.utils.scripts import load_sibling, parse_run_overrides
 
 #: (run name, recipe). Both train with online features.
 RUNS = (("eagle3", "recipes/eagle3/stories260k.yaml"), ("dflash", "recipes/dflash/stories260k.yaml"))
@@ -184,10 +186,16 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the 2 cores are shared)")
     parser.add_argument("--skip-training", action="store_true", help="evaluate the heads already in --work")
+    parser.add_argument("--train", nargs="+", choices=[name for name, _ in RUNS], default=[name for name, _ in RUNS],
+                        help="the runs to train (the others' heads are read from --work, trained earlier)")
+    parser.add_argument("--override", nargs="*", default=[],
+                        help="RUN:key=value recipe overrides of one run, e.g. dflash:head.max_anchors=256 (an equal "
+                             "budget means the same data, steps and batch: leave those to --steps/--micro-batch)")
     parser.add_argument("--tune", action="store_true",
                         help="instead of the fixed settings: profile this machine and `specgraft tune` both heads, "
                              "then compare the tuned settings (writes tuned.json beside each head in --work)")
     args = parser.parse_args()
+    overrides = parse_run_overrides(args.override, [name for name, _ in RUNS])
 
     started = time.perf_counter()
     prepared = bench.prepare_stories260k(args)
@@ -198,10 +206,16 @@ def main() -> int:
 
     runs: dict[str, dict[str, Any]] = {}
     for name, recipe in RUNS:
-        if args.skip_training:
-            runs[name] = {"head": name, "head_dir": str(work / "runs" / f"{name}-online" / "head")}
+        if args.skip_training or name not in args.train:
+            head_dir = work / "runs" / f"{name}-online" / "head"
+            if not head_dir.is_dir():
+                print(f"error: no trained {name} head in {head_dir}; train it here first (--train {name})",
+                      file=sys.stderr)
+                return 2
+            runs[name] = {"head": name, "head_dir": str(head_dir)}
             continue
-        run = bench.train_one(name, recipe, "online", model_dir, split, work, args)
+        run = bench.train_one(name, recipe, "online", model_dir, split, work, args,
+                              extra_overrides=tuple(overrides.get(name, ())))
         runs[name] = run
         s = run["summary"]
         print(f"  train {name:<6} {s['steps']} steps  {s['tokens_seen']:,} tokens  "

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specgraft.utils.scripts import parse_run_overrides
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 SPEC_BENCH = SHARED / "spec_bench" / "question.jsonl"
@@ -240,17 +242,6 @@ def print_report(name: str, report: dict[str, Any], mt: dict[str, float]) -> Non
           f"verify cost/step {report['overall']['verify_cost_per_step']:.2f} target forwards")
 
 
-def parse_overrides(items: list[str]) -> dict[str, list[str]]:
-    """``eagle3:training.max_steps=100`` -> {"eagle3": ["training.max_steps=100"]}."""
-    out: dict[str, list[str]] = {}
-    for item in items:
-        drafter, sep, override = item.partition(":")
-        if not sep or drafter not in RECIPES or "=" not in override:
-            sys.exit(f"error: --override {item!r} must be DRAFTER:key=value with DRAFTER in {', '.join(RECIPES)}")
-        out.setdefault(drafter, []).append(override)
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-smollm2")
@@ -277,7 +268,7 @@ def main() -> None:
                         help="the evals' target attention: exact makes bf16 answers token-identical to plain "
                              "decoding (specgraft.eval.exact_attention)")
     args = parser.parse_args()
-    args.override = parse_overrides(args.override)
+    args.override = parse_run_overrides(args.override, RECIPES)
     if not SPEC_BENCH.is_file():
         sys.exit(f"error: {SPEC_BENCH} is missing (the ../shared/data prompt sets)")
 
