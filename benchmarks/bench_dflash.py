@@ -124,13 +124,15 @@ def tune_both(model_dir: Path, runs: dict[str, dict[str, Any]], split: dict[str,
                               prior=prior_hook(head) if prior_hook is not None else None, progress=False)
         atomic_write_json(Path(runs[name]["head_dir"]) / TUNED_NAME, record)
         for which, candidate in (("tuned", result.chosen), ("default", result.default)):
-            report = json.loads((work / "tune" / name / which / "report.json").read_text(encoding="utf-8")) \
-                if (work / "tune" / name / which / "report.json").is_file() else \
-                json.loads((work / "tune" / name / "calibration" / "report.json").read_text(encoding="utf-8"))
+            # the eval that measured this setting (the tuned one may be the second opinion's or the calibration's)
+            report_dir = result.report_dir(which)
+            if candidate is None or report_dir is None:
+                continue
+            report = json.loads((report_dir / "report.json").read_text(encoding="utf-8"))
             overall = report["overall"]
-            rows.append({"run": name, "setting": candidate.setting if candidate is not None else {},
+            rows.append({"run": name, "setting": candidate.setting,
                          "label": f"{name} {which}: {setting_label(kind, candidate.setting)}", "which": which,
-                         "predicted_speedup": candidate.speedup if candidate is not None else None,
+                         "predicted_speedup": candidate.speedup,
                          "drafter": report["drafter"], "overall": overall})
             print(f"  {name} {which:<7} {setting_label(kind, candidate.setting):<44} tau {overall['tau']:.2f}  "
                   f"draft {overall['draft_cost_per_step']:.2f} + verify {overall['verify_cost_per_step']:.2f} "

@@ -219,7 +219,7 @@ def tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, p
                        "predicted_default": outcome.default.speedup if outcome.default else None,
                        "measured": (outcome.measured.get("tuned") or {}).get("speedup_ratio_of_totals"),
                        "measured_default": (outcome.measured.get("default") or {}).get("speedup_ratio_of_totals"),
-                       "report_dir": out / "tune" / name.replace(" ", "_") / "tuned"}
+                       "report_dir": outcome.report_dir("tuned") or out / "tune" / name.replace(" ", "_") / "tuned"}
     return tuned
 
 

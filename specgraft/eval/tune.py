@@ -354,9 +354,25 @@ class TuneResult:
     warnings: list[str] = field(default_factory=list)
     #: The second opinion confirmed beside the predicted best (measured under ``measured["alternative"]``), or None.
     alternative: Candidate | None = None
+    #: The calibration run's setting when it is neither the default nor given from outside (DFlash's widest tree):
+    #: a setting measured like the confirming evals, on the same prompts in the same process (``measured
+    #: ["calibration"]``), so :func:`choose` weighs it too. None otherwise.
+    calibrated: Candidate | None = None
+    #: The eval folder whose report measured each entry of ``measured`` ("best", "alternative", "default",
+    #: "calibration"): where the chosen setting's answers and report are (:meth:`report_dir`).
+    report_dirs: dict[str, Path] = field(default_factory=dict)
+    #: The ``measured`` key of the chosen setting (or of the fastest drafting one when plain decoding was chosen);
+    #: None when unconfirmed.
+    chosen_from: str | None = None
     #: The drafting setting :func:`choose` found fastest (by measurement when confirmed) and its measurement: what
     #: plain decoding was preferred to, when it was.
     fastest_drafting: tuple[Candidate, dict[str, Any] | None] | None = None
+
+    def report_dir(self, which: str = "tuned") -> Path | None:
+        """The eval folder that measured the tuned setting (``which="tuned"``: the fastest drafting setting when
+        plain decoding was chosen) or another ``measured`` key such as ``"default"``; None if none did."""
+        key = self.chosen_from if which == "tuned" else which
+        return self.report_dirs.get(key) if key is not None else None
 
 
 def _speedup_of(measured: Mapping[str, Any] | None) -> float | None:
@@ -371,9 +387,10 @@ def check_min_speedup(min_speedup: float) -> None:
 
 
 def choose(result: TuneResult, plain_step_s: float, min_speedup: float = DEFAULT_MIN_SPEEDUP) -> TuneResult:
-    """Set ``result.chosen`` (and ``result.measured["tuned"]``): the fastest of the predicted best and the default
-    by their confirming evals' measured speedups (``result.measured["best"]`` / ``["default"]``), or, unconfirmed,
-    the predicted best; plain decoding when that speedup is below ``min_speedup``.
+    """Set ``result.chosen`` (and ``result.measured["tuned"]``, ``result.chosen_from``): the fastest of the
+    predicted best, the second opinion, the default and a calibration run at another setting by their measured
+    speedups (``result.measured["best"]`` / ``["alternative"]`` / ``["default"]`` / ``["calibration"]``), or,
+    unconfirmed, the predicted best; plain decoding when that speedup is below ``min_speedup``.
 
     Plain decoding's "measurement" is plain decoding itself: speedup 1 and tau 1 by definition, at the best run's
     interleaved baseline speed."""
@@ -383,20 +400,22 @@ def choose(result: TuneResult, plain_step_s: float, min_speedup: float = DEFAULT
     if measured_best is None:  # unconfirmed: the prediction decides
         chosen, speed = best, best.speedup
         result.fastest_drafting = (best, None)
+        result.chosen_from = None
     else:
-        options = [(best, measured_best)]
-        if result.alternative is not None and result.measured.get("alternative") is not None:
-            options.append((result.alternative, result.measured["alternative"]))
-        if result.default is not None and result.measured.get("default") is not None:
-            options.append((result.default, result.measured["default"]))
-        scored = [(c, m, _speedup_of(m)) for c, m in options]
-        scored = [x for x in scored if x[2] is not None]
+        options = [("best", best)]
+        for key, candidate in (("alternative", result.alternative), ("default", result.default),
+                               ("calibration", result.calibrated)):
+            if candidate is not None and result.measured.get(key) is not None:
+                options.append((key, candidate))
+        scored = [(key, c, result.measured[key], _speedup_of(result.measured[key])) for key, c in options]
+        scored = [x for x in scored if x[3] is not None]
         if not scored:
             raise SpecgraftError("the confirming evals measured no speedup (no tokens generated?); calibrate on "
                                  "prompts that generate tokens")
-        chosen, measured, speed = max(scored, key=lambda x: x[2])  # ties: the predicted best (listed first)
+        key, chosen, measured, speed = max(scored, key=lambda x: x[3])  # ties: the predicted best (listed first)
         result.measured["tuned"] = dict(measured)
         result.fastest_drafting = (chosen, measured)
+        result.chosen_from = key
     if speed < min_speedup:
         result.chosen = plain_candidate(plain_step_s, best.prefill_s_per_token)
         if measured_best is not None:
@@ -419,6 +438,10 @@ def tuned_record(result: TuneResult, profile: CostProfile, calibration_path: str
               "candidates": [c.to_dict() for c in result.candidates[:TOP_CANDIDATES]]}
     if result.alternative is not None:
         record["alternative"] = result.alternative.to_dict()
+    if result.calibrated is not None:
+        record["calibrated"] = result.calibrated.to_dict()
+    if result.chosen_from is not None:
+        record["measured_by"] = result.chosen_from  # which eval of ``measured`` the tuned setting's numbers are
     if is_plain(result.chosen.setting):
         # Why plain decoding: the fastest drafting setting and what it was predicted (and measured) to do.
         fastest, measured = result.fastest_drafting or (best, result.measured.get("best"))
@@ -572,6 +595,12 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
         logger.warning("no prediction for the default setting: %s", exc)
         default = None
     result = TuneResult(kind, candidates[0], default, candidates, warnings=warnings)
+    calibrated: Candidate | None = None
+    if calibrated_at is not None and not calibration_is_default:
+        try:  # predicted with the calibrated overhead, as the candidates are
+            calibrated = predict_setting(kind, calibrated_at, profile, costs, numbers, prior)
+        except SpecgraftError:
+            calibrated = None
 
     def confirming_eval(setting: dict[str, Any], folder: str, source: str) -> dict[str, Any]:
         return _measured(run_eval(target, drafter_for(kind, drafter_source, setting), prompts, out_dir / folder,
@@ -583,6 +612,7 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
         # The predicted best is measured even when it is predicted slower than plain decoding: the measurement,
         # not the model, decides whether drafting pays (the model is calibrated on one setting only).
         result.measured["best"] = confirming_eval(candidates[0].setting, "tuned", "tuned")
+        result.report_dirs["best"] = out_dir / "tuned"
         alternative = second_opinion(candidates, result.measured["best"], min_speedup)
         if alternative is not None:
             logger.info("the predicted best measured %.2fx against %.2fx predicted: confirming %s too",
@@ -590,13 +620,23 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
                         setting_label(kind, alternative.setting))
             result.alternative = alternative
             result.measured["alternative"] = confirming_eval(alternative.setting, "alternative", "tuned")
+            result.report_dirs["alternative"] = out_dir / "alternative"
         if calibration_is_default:
             # The calibration run IS the default setting, measured the same way (same prompts and process).
             result.measured["default"] = _measured(report["overall"])
+            result.report_dirs["default"] = Path(calibration_path).parent
         elif default is not None and same_setting(kind, default.setting, candidates[0].setting):
             result.measured["default"] = dict(result.measured["best"])
+            result.report_dirs["default"] = result.report_dirs["best"]
         else:
             result.measured["default"] = confirming_eval(default_setting, "default", "defaults")
+            result.report_dirs["default"] = out_dir / "default"
+        if calibrated is not None:
+            # Calibrated here at another setting (DFlash's widest tree, a draft model's chain): a measurement like
+            # the others, so the fastest measured setting wins even where the model ranked it lower.
+            result.calibrated = calibrated
+            result.measured["calibration"] = _measured(report["overall"])
+            result.report_dirs["calibration"] = Path(calibration_path).parent
     choose(result, profile.plain_step_s, min_speedup)
     if is_plain(result.chosen.setting):
         logger.warning("no drafting setting of this %s drafter was %s at %.2fx plain decoding's speed or more on "
@@ -719,6 +759,8 @@ def print_result(result: TuneResult, profile: CostProfile) -> None:
         rows.append(("predicted best", result.candidates[0], "best"))
     if result.alternative is not None and not same_setting(kind, result.chosen.setting, result.alternative.setting):
         rows.append(("second opinion (the other shape)", result.alternative, "alternative"))
+    if result.calibrated is not None and not same_setting(kind, result.chosen.setting, result.calibrated.setting):
+        rows.append(("calibration run", result.calibrated, "calibration"))
     if result.default is not None:
         rows.append(("default", result.default, "default"))
     for name, c, key in rows:

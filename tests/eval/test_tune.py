@@ -526,6 +526,44 @@ def test_a_best_that_falls_short_gets_a_second_opinion_of_the_other_shape():
     assert best_drafting["setting"] == chain.setting and best_drafting["measured"]["speedup_ratio_of_totals"] == 0.95
 
 
+def test_a_calibration_measured_fastest_is_chosen_and_its_eval_folder_named(tmp_path):
+    """The calibration run at a non-default setting (DFlash's widest tree) is measured like the confirming evals:
+    when it is the fastest it is the tuned setting, and report_dir names the folder that measured it (a bench once
+    read the predicted best's folder for a second opinion's setting, and the calibration's for the default)."""
+    from specgraft.eval.tune import TuneResult, choose, finish_candidate, tuned_record
+
+    profile = synthetic_profile()
+    plain = profile.plain_step_s
+
+    def candidate(setting: dict, accepted: float, tokens: int) -> Candidate:
+        return finish_candidate(Candidate(setting, accepted, 2e-4, profile.step_cost(tokens, tree=True),
+                                          verified_tokens=tokens, tree=True), plain)
+
+    best = candidate({"mode": "chain", "depth": 4}, 1.3, 5)
+    tree = candidate({"mode": "tree", "top_k": 2, "depth": 4}, 1.5, 9)
+    widest = candidate({"mode": "tree", "top_k": 3, "depth": 4}, 1.8, 13)
+    dirs = {key: tmp_path / key for key in ("best", "alternative", "default", "calibration")}
+    result = TuneResult("dflash", best, best, [best, tree, widest], alternative=tree, calibrated=widest,
+                        measured={"best": _measurement(1.08), "alternative": _measurement(1.15),
+                                  "default": _measurement(1.08), "calibration": _measurement(1.28)},
+                        report_dirs=dirs)
+    choose(result, plain)
+    assert result.chosen is widest and result.chosen_from == "calibration"
+    assert result.measured["tuned"]["speedup_ratio_of_totals"] == 1.28
+    assert result.report_dir() == dirs["calibration"] and result.report_dir("default") == dirs["default"]
+    record = tuned_record(result, profile, "calib.json")
+    assert record["setting"] == widest.setting and record["measured_by"] == "calibration"
+    assert record["calibrated"]["setting"] == widest.setting
+    # Slower than the second opinion: the second opinion is chosen, from its own folder.
+    result.measured["calibration"] = _measurement(1.10)
+    choose(result, plain)
+    assert result.chosen is tree and result.report_dir() == dirs["alternative"]
+    # Unconfirmed: no folder measured anything.
+    result.measured = {}
+    choose(result, plain)
+    assert result.chosen is best and result.chosen_from is None and result.report_dir() is None
+
+
 def test_tuned_plain_decoding_end_to_end(disk, tmp_path, capsys, caplog):
     """--min-speedup above anything reachable: tune measures the best setting, stores plain decoding; eval then
     decodes plainly (token-identical, tau 1) and the export carries no tuned engine hints, saying why."""

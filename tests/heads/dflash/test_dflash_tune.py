@@ -159,11 +159,21 @@ def test_profile_tune_eval_export_end_to_end(tmp_path, capsys):
                  "--min-speedup", "1e-9")
     tuned = json.loads((head_dir / "tuned.json").read_text(encoding="utf-8"))
     assert tuned["kind"] == "dflash" and tuned["device"]["device"] == "cpu"
-    assert set(tuned["measured"]) == {"best", "tuned", "default"}
+    # the calibration (the widest tree at full depth) is a measured setting too
+    assert {"best", "tuned", "default", "calibration"} <= set(tuned["measured"]) <= \
+        {"best", "tuned", "default", "calibration", "alternative"}
     assert tuned["default"]["setting"] == {"mode": "chain", "depth": 3}
+    assert tuned["calibrated"]["setting"] == {"mode": "tree", "top_k": 4, "depth": 3}
     setting = tuned["setting"]
-    # the faster by measurement of the predicted best and the default
-    assert setting in (tuned["candidates"][0]["setting"], tuned["default"]["setting"])
+    # the fastest by measurement of the predicted best, the default, the calibration (and a second opinion)
+    by = tuned["measured_by"]
+    assert tuned["measured"]["tuned"] == tuned["measured"][by]
+    speeds = {k: v["speedup_ratio_of_totals"] for k, v in tuned["measured"].items() if k != "tuned"}
+    assert speeds[by] == max(speeds.values())
+    # ... and the eval folder that measured it drafted exactly that setting
+    folder = {"best": "tuned", "alternative": "alternative", "default": "default", "calibration": "calibration"}[by]
+    measured_at = json.loads((tmp_path / "tune" / folder / "report.json").read_text(encoding="utf-8"))["drafter"]
+    assert {k: measured_at[k] for k in setting} == setting
     assert setting["mode"] in ("chain", "tree")
     assert "predicted" in out and "measured" in out
     calib = json.loads((tmp_path / "tune" / "calibration" / "report.json").read_text(encoding="utf-8"))
