@@ -631,9 +631,12 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
         else:
             result.measured["default"] = confirming_eval(default_setting, "default", "defaults")
             result.report_dirs["default"] = out_dir / "default"
-        if calibrated is not None:
+        measured_settings = [c.setting for c in (candidates[0], result.alternative, default) if c is not None]
+        if calibrated is not None and not any(same_setting(kind, calibrated.setting, m) for m in measured_settings):
             # Calibrated here at another setting (DFlash's widest tree, a draft model's chain): a measurement like
-            # the others, so the fastest measured setting wins even where the model ranked it lower.
+            # the others, so the fastest measured setting wins even where the model ranked it lower. (A setting
+            # already confirmed keeps that one measurement: the larger of two noisy runs of one setting would
+            # overstate it.)
             result.calibrated = calibrated
             result.measured["calibration"] = _measured(report["overall"])
             result.report_dirs["calibration"] = Path(calibration_path).parent
