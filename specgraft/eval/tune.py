@@ -354,9 +354,9 @@ class TuneResult:
     warnings: list[str] = field(default_factory=list)
     #: The second opinion confirmed beside the predicted best (measured under ``measured["alternative"]``), or None.
     alternative: Candidate | None = None
-    #: The calibration run's setting when it is neither the default nor given from outside (DFlash's widest tree):
-    #: a setting measured like the confirming evals, on the same prompts in the same process (``measured
-    #: ["calibration"]``), so :func:`choose` weighs it too. None otherwise.
+    #: The calibration run's setting when this tune ran it (not given from outside) at a setting no confirming eval
+    #: measured (DFlash's widest tree, a draft model's chain): measured like the confirming evals, on the same
+    #: prompts in the same process (``measured["calibration"]``), so :func:`choose` weighs it too. None otherwise.
     calibrated: Candidate | None = None
     #: The eval folder whose report measured each entry of ``measured`` ("best", "alternative", "default",
     #: "calibration"): where the chosen setting's answers and report are (:meth:`report_dir`).
