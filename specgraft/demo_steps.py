@@ -210,7 +210,7 @@ def tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, p
         atomic_write_json(Path(result["drafter_dir"]) / TUNED_NAME, record)
         label = setting_label(kind, outcome.chosen.setting)
         if is_plain(outcome.chosen.setting):  # say what drafting would have done
-            best, measured_best = outcome.fastest_drafting or (outcome.candidates[0], None)
+            best, measured_best = outcome.fastest_drafting
             label += (f"; the best drafting setting, {setting_label(kind, best.setting)}, predicted "
                       f"{_num(best.speedup)}x, measured {_num((measured_best or {}).get('speedup_ratio_of_totals'))}x")
         tuned[name] = {"setting": label,

@@ -364,9 +364,24 @@ class TuneResult:
     #: The ``measured`` key of the chosen setting (or of the fastest drafting one when plain decoding was chosen);
     #: None when unconfirmed.
     chosen_from: str | None = None
-    #: The drafting setting :func:`choose` found fastest (by measurement when confirmed) and its measurement: what
-    #: plain decoding was preferred to, when it was.
-    fastest_drafting: tuple[Candidate, dict[str, Any] | None] | None = None
+
+    def measured_options(self) -> dict[str, Candidate]:
+        """The settings a ``measured`` key stands for: the predicted best and, when present, the second opinion,
+        the default and the calibration's own setting."""
+        options = {"best": self.candidates[0]}
+        for key, candidate in (("alternative", self.alternative), ("default", self.default),
+                               ("calibration", self.calibrated)):
+            if candidate is not None:
+                options[key] = candidate
+        return options
+
+    @property
+    def fastest_drafting(self) -> tuple[Candidate, dict[str, Any] | None]:
+        """The drafting setting :func:`choose` found fastest (by measurement when confirmed, else the predicted
+        best) and its measurement: what plain decoding was preferred to, when it was."""
+        if self.chosen_from is None:
+            return self.candidates[0], None
+        return self.measured_options()[self.chosen_from], self.measured[self.chosen_from]
 
     def report_dir(self, which: str = "tuned") -> Path | None:
         """The eval folder that measured the tuned setting (``which="tuned"``: the fastest drafting setting when
@@ -399,22 +414,15 @@ def choose(result: TuneResult, plain_step_s: float, min_speedup: float = DEFAULT
     measured_best = result.measured.get("best")
     if measured_best is None:  # unconfirmed: the prediction decides
         chosen, speed = best, best.speedup
-        result.fastest_drafting = (best, None)
         result.chosen_from = None
     else:
-        options = [("best", best)]
-        for key, candidate in (("alternative", result.alternative), ("default", result.default),
-                               ("calibration", result.calibrated)):
-            if candidate is not None and result.measured.get(key) is not None:
-                options.append((key, candidate))
-        scored = [(key, c, result.measured[key], _speedup_of(result.measured[key])) for key, c in options]
-        scored = [x for x in scored if x[3] is not None]
+        scored = [(key, c, _speedup_of(result.measured.get(key))) for key, c in result.measured_options().items()]
+        scored = [x for x in scored if x[2] is not None]
         if not scored:
             raise SpecgraftError("the confirming evals measured no speedup (no tokens generated?); calibrate on "
                                  "prompts that generate tokens")
-        key, chosen, measured, speed = max(scored, key=lambda x: x[3])  # ties: the predicted best (listed first)
-        result.measured["tuned"] = dict(measured)
-        result.fastest_drafting = (chosen, measured)
+        key, chosen, speed = max(scored, key=lambda x: x[2])  # ties: the predicted best (listed first)
+        result.measured["tuned"] = dict(result.measured[key])
         result.chosen_from = key
     if speed < min_speedup:
         result.chosen = plain_candidate(plain_step_s, best.prefill_s_per_token)
@@ -429,7 +437,6 @@ def choose(result: TuneResult, plain_step_s: float, min_speedup: float = DEFAULT
 
 
 def tuned_record(result: TuneResult, profile: CostProfile, calibration_path: str) -> dict[str, Any]:
-    best = result.candidates[0]
     record = {"version": TUNED_VERSION, "kind": result.kind, "setting": result.chosen.setting,
               "predicted": {"tokens_per_s": result.chosen.tokens_per_s, "speedup": result.chosen.speedup,
                             "tau": 1 + result.chosen.expected_accepted},
@@ -444,7 +451,7 @@ def tuned_record(result: TuneResult, profile: CostProfile, calibration_path: str
         record["measured_by"] = result.chosen_from  # which eval of ``measured`` the tuned setting's numbers are
     if is_plain(result.chosen.setting):
         # Why plain decoding: the fastest drafting setting and what it was predicted (and measured) to do.
-        fastest, measured = result.fastest_drafting or (best, result.measured.get("best"))
+        fastest, measured = result.fastest_drafting
         record["best_drafting"] = {**fastest.to_dict(), "measured": measured}
     return record
 
