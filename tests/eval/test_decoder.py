@@ -456,3 +456,46 @@ def test_text_prompt_and_target_wrapper():
     assert result.prompt_ids == tok("Once upon")["input_ids"]
     assert result.text == tok.decode(result.generated_ids, skip_special_tokens=True)
     assert result.tokens_per_second > 0 and result.wall_time_s > 0
+
+
+class _OutOfVocabDrafter(Drafter):
+    """Drafts a chain whose second token lies past the target's vocabulary (a faulty drafter)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        return DraftTree.chain(torch.tensor([1, self.vocab_size + 3]))
+
+
+@torch.no_grad()
+def test_greedy_verdict_on_the_host_equals_the_device_verdict():
+    """On the CPU the greedy verdict is read and walked in Python; the device path (GPUs) must give the same
+    tokens, acceptance counts and alpha for chains and trees."""
+    model = tiny_model("llama")
+    prompt = prompt_ids(7, seed=5)
+    for name, drafter in drafters(model).items():
+        if drafter is None:
+            continue
+        runs = []
+        for host in (True, False):
+            decoder = SpeculativeDecoder(model, drafter=copy.deepcopy(drafter), ignore_eos=True)
+            decoder.host_verdict = host
+            runs.append(decoder.generate(prompt, 24))
+        host_run, device_run = runs
+        assert host_run.generated_ids == device_run.generated_ids, name
+        assert host_run.accepted_lengths == device_run.accepted_lengths, name
+        assert (host_run.depth_attempted, host_run.depth_accepted) == (device_run.depth_attempted,
+                                                                      device_run.depth_accepted), name
+        assert host_run.alpha_sum == pytest.approx(device_run.alpha_sum) and host_run.alpha_count == \
+            device_run.alpha_count, name
+
+
+@pytest.mark.parametrize("host_verdict", [True, False])
+@torch.no_grad()
+def test_a_draft_token_outside_the_vocabulary_is_refused(host_verdict):
+    model = tiny_model("llama")
+    decoder = SpeculativeDecoder(model, drafter=_OutOfVocabDrafter(model.config.vocab_size))
+    decoder.host_verdict = host_verdict
+    with pytest.raises(SpecgraftError, match="outside the target vocab"):
+        decoder.generate(prompt_ids(), 8)
