@@ -410,9 +410,17 @@ class DFlashHead(DraftHead):
         return x
 
     def block_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[.., h] block states -> [.., V_out] draft logits (over :meth:`draft_token_ids`, or the target vocab)."""
+        """[.., h] block states -> [.., V_out] draft logits (over :meth:`draft_token_ids`, or the target vocab).
+
+        The projection is called as its module where the dtypes agree, so that a decoder's linear-kernel switch
+        (:mod:`specgraft.eval.kernels`) reaches it: on SmolLM2 (16k draft vocabulary, fp32, 2 threads, AMD EPYC) a
+        block's 3-row projection took 8.7 ms through ``F.linear`` with the weight, more than the rest of the draft."""
+        x = self.norm(hidden)
+        projection = self.lm_head if self.lm_head is not None else self.target.output_head
+        if isinstance(projection, nn.Linear) and projection.weight.dtype == x.dtype:
+            return projection(x)
         weight, bias = self._output_projection()
-        return F.linear(self.norm(hidden), weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype))
+        return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
 
     def batch_anchors(self, batch: dict[str, Any], generator: torch.Generator | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -147,6 +147,22 @@ def test_weights_borrow_the_target_vocab_or_own_a_reduced_one(llama_target):
     assert all(p.requires_grad for p in full.parameters())
 
 
+@pytest.mark.parametrize("draft_vocab_size", [0, 100])
+def test_block_logits_go_through_the_projection_module(llama_target, draft_vocab_size):
+    """Decoding's block logits call the vocabulary projection as a module (its own lm_head, or the target's), so a
+    decoder's linear-kernel switch reaches it, and equal the plain ``norm(h) @ W^T``."""
+    head = make_head(llama_target, draft_vocab_size=draft_vocab_size).eval()
+    module = head.lm_head if draft_vocab_size else llama_target.output_head
+    calls = []
+    handle = module.register_forward_hook(lambda *_: calls.append(1))
+    hidden = torch.randn(3, llama_target.hidden_size)
+    with torch.no_grad():
+        logits = head.block_logits(hidden)
+    handle.remove()
+    assert calls == [1]
+    torch.testing.assert_close(logits, head.norm(hidden) @ module.weight.T)
+
+
 def test_save_and_load_round_trip(tmp_path, llama_target):
     head = make_head(llama_target, block_size=5, num_layers=2, draft_vocab_size=120).eval()
     head.save_pretrained(tmp_path / "h")
