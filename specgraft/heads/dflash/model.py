@@ -350,12 +350,14 @@ class DFlashHead(DraftHead):
         """[Vd] target id of every draft logit column, or None when the draft predicts the full target vocab."""
         return None if self.d2t is None else draft_to_target_ids(self.d2t)
 
+    def _projection_module(self) -> nn.Module:
+        """The draft's vocabulary projection: its own lm_head (reduced vocabulary) or the target's."""
+        return self.lm_head if self.lm_head is not None else self.target.output_head
+
     def _output_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(weight [V_out, h], bias or None) of the draft's vocabulary projection."""
-        if self.lm_head is not None:
-            return self.lm_head.weight, None
-        head = self.target.output_head
-        return head.weight, getattr(head, "bias", None)
+        projection = self._projection_module()
+        return projection.weight, getattr(projection, "bias", None)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[B, Q] -> [B, Q, h] the target's (frozen) input embeddings, in the head's dtype."""
@@ -416,11 +418,11 @@ class DFlashHead(DraftHead):
         (:mod:`specgraft.eval.kernels`) reaches it: on SmolLM2 (16k draft vocabulary, fp32, 2 threads, AMD EPYC) a
         block's 3-row projection took 8.7 ms through ``F.linear`` with the weight, more than the rest of the draft."""
         x = self.norm(hidden)
-        projection = self.lm_head if self.lm_head is not None else self.target.output_head
+        projection = self._projection_module()
         if isinstance(projection, nn.Linear) and projection.weight.dtype == x.dtype:
             return projection(x)
-        weight, bias = self._output_projection()
-        return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+        bias = getattr(projection, "bias", None)
+        return F.linear(x, projection.weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
 
     def batch_anchors(self, batch: dict[str, Any], generator: torch.Generator | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
