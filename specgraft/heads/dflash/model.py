@@ -421,8 +421,8 @@ class DFlashHead(DraftHead):
         projection = self._projection_module()
         if isinstance(projection, nn.Linear) and projection.weight.dtype == x.dtype:
             return projection(x)
-        bias = getattr(projection, "bias", None)
-        return F.linear(x, projection.weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+        weight, bias = self._output_projection()
+        return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
 
     def batch_anchors(self, batch: dict[str, Any], generator: torch.Generator | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
