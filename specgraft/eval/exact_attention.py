@@ -28,10 +28,13 @@ the call, the masked keys, or where the row's ancestors sit in the cache:
 Plain decoding (the same decoder with no drafter) runs the same function with one row, so a verification row and the
 one-token step that plain decoding takes at that position get identical attention outputs. The rest of the forward
 is row-wise (norms, rotary embeddings, MLP) apart from the linear layers, whose products must then also compute a
-row the same way at 1 and at N rows: oneDNN's bf16 GEMM does on the Intel Xeon (AMX) measured here, so with
-greedy decoding the speculative answer is token-identical to plain bf16 decoding by construction rather than by
-margin. MKL's fp32 GEMM does not (at 4+ rows it switches kernels: a q_proj row differs by ~1e-6), so fp32 stays
-identical by margin only, as before. The prompt's prefill (no row layout passed) goes through transformers'
+row the same way at 1 and at N rows. oneDNN's bf16 GEMM does on the Intel Xeon (AMX) measured here up to 32 rows
+and changes kernels at 33 (a 61-token default EAGLE tree was then not token-identical), so the exact path also
+switches the target's linear layers to products of at most as many rows as the machine computes row by row, probed
+per shape (:func:`specgraft.eval.kernels.use_row_exact_linears`): with greedy decoding the speculative answer is
+token-identical to plain bf16 decoding by construction, at any tree size. MKL's fp32 GEMM computes a row differently
+from 2 rows on (a q_proj row differs by ~1e-6), which no split fixes, so fp32 stays identical by margin only, as
+before, and the switch says so in a warning. The prompt's prefill (no row layout passed) goes through transformers'
 ``sdpa`` unchanged: plain and speculative decoding prefill the same prompt in the same call.
 
 That row independence is the BLAS's, not ours: on an AMD EPYC with the same torch/MKL build the batched fp32
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +58,8 @@ import torch
 
 from specgraft.errors import SpecgraftError
 from specgraft.eval.kv import EXACT_ATTENTION, GQA_ATTENTION, attention_layout, text_config
+
+logger = logging.getLogger(__name__)
 
 KEY_BLOCK = 16
 """Logical key positions per block. Any fixed size is exact. Each row gathers its own last one or two blocks (the
@@ -330,4 +336,21 @@ def apply_attention_kernel(choice: str, model: Any) -> str:
                              "reports)")
     register_exact_attention()
     model.set_attn_implementation(EXACT_ATTENTION)
+    _use_row_exact_linears(model, str(parameter.dtype).removeprefix("torch."))
     return choice
+
+
+def _use_row_exact_linears(model: Any, dtype: str) -> None:
+    """The rest of the exact path: the target's linear layers split a call into products of as many rows as this
+    machine's GEMM computes row by row (:func:`specgraft.eval.kernels.use_row_exact_linears`), and say so."""
+    from specgraft.eval.kernels import use_row_exact_linears
+
+    chunk, switched = use_row_exact_linears(model)
+    if switched:
+        logger.info("exact attention: %d linear layers multiply at most %d rows per product (row-exact up to there "
+                    "on this machine in %s)", switched, chunk, dtype)
+    else:
+        logger.warning("exact attention: the linear layers compute a row differently beside another one in %s on "
+                       "this machine (already at 2 rows), so verification matches one-token decoding there up to "
+                       "rounding only: greedy answers are identical by margin, which the eval's lossless check "
+                       "reports", dtype)

@@ -57,6 +57,11 @@ much faster than its one-row product (:func:`choose_single_row_padding`)."""
 SINGLE_ROW_PAD_REPEATS = 5
 """Alternating timed calls per layout and layer when choosing the single-row form; the medians count."""
 
+ROW_EXACT_MAX_ROWS = 64
+"""The most rows one product of a row-exact layer (:func:`use_row_exact_linears`) multiplies: the probe checks every
+row count up to it, and a call with more rows is split, so no product runs at a row count nobody checked. 64 covers
+the default trees (EAGLE 60 tokens, Medusa 64) and a verification's root row in at most two products."""
+
 WEIGHT_MAJOR_MIN_WEIGHTS = 1 << 16
 """Layers with fewer weights keep ``nn.Linear``: their product is a few microseconds either way and the extra
 transposes would only add dispatch overhead (the tiny stories260K and demo targets are all below it)."""
@@ -292,6 +297,90 @@ def use_stock_linears(*modules: Any) -> int:
             layer.__dict__.pop("weight_major_pad_single_row", None)
             switched += 1
     return switched
+
+
+@functools.cache
+def row_exact_chunk(out_features: int, in_features: int, bias: bool, dtype: str, device: str, threads: int,
+                    max_rows: int = ROW_EXACT_MAX_ROWS) -> int:
+    """The most rows ``F.linear`` may multiply in one call at this weight shape so that every row's result equals
+    its one-row product bit for bit, for every row count up to it; 1 when two rows already differ.
+
+    The BLAS picks its kernel by shape: oneDNN's bf16 GEMM on the Intel Xeon with AMX of 2026-12-05 (2 threads)
+    computes a row alone and beside up to 31 others the same way and changes kernels at 33 rows (SmolLM2's
+    [576, 576], [1536, 576], [576, 1536] and [49152, 576] layers; the [192, 576] ones never), which is why a 61-row
+    verification of the default EAGLE tree was not token-identical under ``--attention-kernel exact``; MKL's fp32
+    GEMM differs from 2 rows on. Probed once per shape, dtype, device and thread count (the kernel choice may
+    follow the threads) on random inputs: the choice follows the shape, not the values. Stops at the first row
+    count that differs, so a machine that differs at 2 rows pays two products per shape."""
+    import torch
+    import torch.nn.functional as F
+
+    if max_rows < 1:
+        raise SpecgraftError(f"max_rows must be at least 1, got {max_rows}")
+    torch_dtype = getattr(torch, dtype.removeprefix("torch."))
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(out_features, in_features, generator=gen).to(device=device, dtype=torch_dtype)
+    bias_t = torch.randn(out_features, generator=gen).to(device=device, dtype=torch_dtype) if bias else None
+    x = torch.randn(max_rows, in_features, generator=gen).to(device=device, dtype=torch_dtype)
+    with torch.no_grad():
+        alone = [F.linear(x[:1], weight, bias_t)]  # [1, out] per row, computed as rows are needed
+        for rows in range(2, max_rows + 1):
+            alone.append(F.linear(x[rows - 1 : rows], weight, bias_t))
+            if not torch.equal(F.linear(x[:rows], weight, bias_t), torch.cat(alone)):
+                return rows - 1
+    return max_rows
+
+
+@functools.cache  # one class, built on first use, so importing this module does not import torch
+def row_exact_linear_class() -> type:
+    """The ``nn.Linear`` subclass :func:`use_row_exact_linears` switches layers to."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class RowExactLinear(nn.Linear):
+        """``nn.Linear`` whose inference forward multiplies at most ``row_chunk`` rows per product (more are split
+        into consecutive products of ``row_chunk`` rows), so each row is computed as its one-row call computes it."""
+
+        row_chunk: int = ROW_EXACT_MAX_ROWS
+
+        def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Linear's own name
+            rows = input.numel() // self.in_features if self.in_features else 0
+            if rows <= self.row_chunk or (
+                    torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad)):
+                return F.linear(input, self.weight, self.bias)
+            flat = input.reshape(rows, self.in_features)  # [rows, in]
+            out = torch.cat([F.linear(part, self.weight, self.bias) for part in flat.split(self.row_chunk)])
+            return out.reshape(*input.shape[:-1], self.out_features)
+
+    return RowExactLinear
+
+
+def use_row_exact_linears(*modules: Any, max_rows: int = ROW_EXACT_MAX_ROWS) -> tuple[int, int]:
+    """Switch every plain ``nn.Linear`` inside ``modules`` to :func:`row_exact_linear_class`, in place (same
+    parameters, ties, names and identity, as :func:`use_weight_major_linears`), all with one chunk: the smallest
+    :func:`row_exact_chunk` of their shapes. One chunk for all, not one per shape, because a shape whose random probe
+    agrees may still differ on real inputs: a difference shows only where another summation order happens to cross a
+    rounding boundary, and SmolLM2's k_proj [192, 576] agreed on random inputs at every row count up to 64, yet
+    computed row 43 of a real 61-row bf16 call differently (the GEMM changes kernels at 33 rows whatever the shape).
+
+    Returns ``(chunk, layers switched)``; chunk 1 switches nothing (a product already computes a row differently
+    beside one other row, which no split fixes). Subclasses of ``nn.Linear`` (weight-major, PEFT, quantised layers)
+    are left alone. Idempotent."""
+    import torch
+    from torch import nn
+
+    cls = row_exact_linear_class()
+    layers = [layer for layer in _linear_layers(modules) if type(layer) in (nn.Linear, cls)]
+    chunk = min((row_exact_chunk(layer.out_features, layer.in_features, layer.bias is not None,
+                                 str(layer.weight.dtype), str(layer.weight.device), torch.get_num_threads(), max_rows)
+                 for layer in layers), default=max_rows)
+    if chunk < 2:
+        return chunk, 0
+    for layer in layers:
+        layer.__class__ = cls
+        layer.row_chunk = chunk
+    return chunk, len(layers)
 
 
 def apply_linear_kernel(choice: str, device: str, dtype: str, *modules: Any) -> str:

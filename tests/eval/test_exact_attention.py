@@ -191,6 +191,28 @@ def test_speculative_answers_are_token_identical_with_exact_attention(dtype):
     assert attention_kernel_of(model) == "stock"
 
 
+def test_trees_larger_than_the_gemm_row_block_stay_token_identical_in_bf16():
+    """A SmolLM2-wide bf16 model verifying 41-row trees: beyond 32 rows oneDNN's bf16 GEMM (AMX) computes rows
+    differently from the one-row call, so the exact path splits the linear layers' products."""
+    from specgraft.eval.kernels import row_exact_linear_class
+
+    model = tiny_model("llama", max_position_embeddings=512, hidden_size=576, intermediate_size=1536,
+                       num_attention_heads=9, num_key_value_heads=3, num_hidden_layers=2).to(torch.bfloat16)
+    config = model.config
+    if not rows_computed_independently(3, 3, 64, str(torch.bfloat16), "cpu"):
+        pytest.skip("this machine's kernels are not row-independent at this attention shape: exact is refused")
+    assert apply_attention_kernel("exact", model) == "exact"
+    if type(model.lm_head) is not row_exact_linear_class():
+        pytest.skip("this machine's bf16 GEMM differs from 2 rows on: the linear layers stay exact by margin only")
+    prompt = list(range(3, 3 + KEY_BLOCK + 7))
+    plain = SpeculativeDecoder(model, ignore_eos=True).generate(prompt, 60)
+    drafter = _DecoyTree(plain.generated_ids, 20, config.vocab_size)  # 40 nodes + the root per full step
+    spec = SpeculativeDecoder(model, drafter=drafter, ignore_eos=True).generate(prompt, 60)
+    assert max(spec.draft_sizes) == 40
+    assert spec.generated_ids == plain.generated_ids
+    assert spec.num_steps < plain.num_steps
+
+
 def test_sliding_window_models_are_refused_in_one_line():
     model = tiny_model("llama", sliding_window=64)
     with pytest.raises(SpecgraftError, match="full-attention models only"):

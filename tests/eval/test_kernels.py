@@ -17,6 +17,9 @@ from specgraft.eval.kernels import (
     AUTO_MIN_SPEEDUP,
     WEIGHT_MAJOR_MAX_ROWS,
     resolve_linear_kernel,
+    row_exact_chunk,
+    row_exact_linear_class,
+    use_row_exact_linears,
     use_stock_linears,
     use_weight_major_linears,
     weight_major_linear_class,
@@ -229,3 +232,81 @@ def test_layers_of_one_shape_decide_single_row_padding_together(monkeypatch):
     assert kernels.choose_single_row_padding(fast, slow) == 0
     monkeypatch.undo()
     assert not fast.weight_major_pad_single_row and not slow.weight_major_pad_single_row
+
+
+# --- row-exact layers (the linear half of --attention-kernel exact) ---------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_the_row_exact_chunk_is_the_largest_row_count_computed_row_by_row(dtype):
+    """Every row count up to the probed chunk gives each row its one-row bits; one more row does not (the negative
+    control: the probe stops where this machine's GEMM changes kernels, SmolLM2's width here)."""
+    max_rows = 40
+    chunk = row_exact_chunk(576, 576, True, str(dtype), "cpu", torch.get_num_threads(), max_rows)
+    assert 1 <= chunk <= max_rows
+    gen = torch.Generator().manual_seed(3)
+    weight, bias = torch.randn(576, 576, generator=gen).to(dtype), torch.randn(576, generator=gen).to(dtype)
+    inputs = [torch.randn(max_rows + 1, 576, generator=gen).to(dtype) for _ in range(3)]
+    differs_after = False
+    for x in inputs:
+        alone = torch.cat([F.linear(x[r : r + 1], weight, bias) for r in range(max_rows + 1)])
+        for rows in range(1, chunk + 1):
+            assert torch.equal(F.linear(x[:rows], weight, bias), alone[:rows]), rows
+        differs_after |= not torch.equal(F.linear(x[: chunk + 1], weight, bias), alone[: chunk + 1])
+    assert differs_after or chunk == max_rows
+
+
+@torch.no_grad()
+def test_row_exact_layers_compute_every_row_of_a_61_row_call_as_its_one_row_call():
+    """The default EAGLE tree's verification (60 tokens + the root) through a SmolLM2-sized bf16 layer."""
+    torch.manual_seed(0)
+    layer = nn.Linear(576, 1536).to(torch.bfloat16)
+    x = torch.randn(1, 61, 576).to(torch.bfloat16)
+    alone = torch.cat([layer(x[:, r : r + 1]) for r in range(61)], dim=1)  # [1, 61, 1536]
+    chunk, switched = use_row_exact_linears(layer)
+    if chunk == 1:
+        assert switched == 0 and type(layer) is nn.Linear  # nothing a split could fix (exact by margin only)
+        pytest.skip("this machine's bf16 GEMM computes a row differently beside another one")
+    assert switched == 1 and type(layer) is row_exact_linear_class() and layer.row_chunk == chunk
+    assert torch.equal(layer(x), alone)
+    assert use_row_exact_linears(layer) == (chunk, 1) and type(layer) is row_exact_linear_class()  # idempotent
+
+
+def test_one_chunk_for_all_layers_the_smallest_any_shape_shows(monkeypatch):
+    """A shape whose random probe agrees can still differ on real inputs (SmolLM2's k_proj), so every layer gets
+    the smallest chunk; where one shape differs already at 2 rows nothing is switched."""
+    chunks = {(6, 8): 32, (4, 8): 64}
+    monkeypatch.setattr(kernels, "row_exact_chunk", lambda out_f, in_f, *args: chunks[(out_f, in_f)])
+    model = nn.Sequential(nn.Linear(8, 6), nn.Linear(8, 4))
+    assert use_row_exact_linears(model) == (32, 2)
+    assert [layer.row_chunk for layer in model] == [32, 32]
+    chunks[(4, 8)] = 1
+    fresh = nn.Sequential(nn.Linear(8, 6), nn.Linear(8, 4))
+    assert use_row_exact_linears(fresh) == (1, 0) and all(type(layer) is nn.Linear for layer in fresh)
+
+
+def test_a_split_call_is_consecutive_products_and_training_is_untouched(monkeypatch):
+    monkeypatch.setattr(kernels, "row_exact_chunk", lambda *args: 5)
+    torch.manual_seed(0)
+    layer = nn.Linear(8, 6)
+    plain_weight = layer.weight
+    assert use_row_exact_linears(layer) == (5, 1) and layer.weight is plain_weight
+    assert dict(layer.named_parameters()).keys() == {"weight", "bias"}
+    real_linear, calls = F.linear, []
+
+    def counting(x, *args):
+        calls.append(x.numel() // x.shape[-1])
+        return real_linear(x, *args)
+
+    monkeypatch.setattr(F, "linear", counting)
+    x = torch.randn(2, 7, 8)
+    with torch.no_grad():
+        out = layer(x)
+    assert calls == [5, 5, 4] and out.shape == (2, 7, 6)
+    expected = torch.cat([real_linear(part, layer.weight, layer.bias) for part in x.reshape(14, 8).split(5)])
+    assert torch.equal(out, expected.reshape(2, 7, 6))
+    calls.clear()
+    xg = x.clone().requires_grad_()
+    layer(xg).sum().backward()  # autograd records: one plain product, gradients flow
+    assert calls == [14] and layer.weight.grad is not None and xg.grad.shape == x.shape
