@@ -30,12 +30,13 @@ one-token step that plain decoding takes at that position get identical attentio
 is row-wise (norms, rotary embeddings, MLP) apart from the linear layers, whose products must then also compute a
 row the same way at 1 and at N rows. oneDNN's bf16 GEMM does on the Intel Xeon (AMX) measured here up to 32 rows
 and changes kernels at 33 (a 61-token default EAGLE tree was then not token-identical), so the exact path also
-switches the target's linear layers to products of at most as many rows as the machine computes row by row, probed
-per shape (:func:`specgraft.eval.kernels.use_row_exact_linears`): with greedy decoding the speculative answer is
-token-identical to plain bf16 decoding by construction, at any tree size. MKL's fp32 GEMM computes a row differently
-from 2 rows on (a q_proj row differs by ~1e-6), which no split fixes, so fp32 stays identical by margin only, as
-before, and the switch says so in a warning. The prompt's prefill (no row layout passed) goes through transformers'
-``sdpa`` unchanged: plain and speculative decoding prefill the same prompt in the same call.
+switches the target's linear layers to products of at most as many rows as the machine computes row by row (probed
+per shape, the smallest for all: :func:`specgraft.eval.kernels.use_row_exact_linears`): with greedy decoding the
+speculative answer is token-identical to plain bf16 decoding by construction, at any tree size. MKL's fp32 GEMM
+computes a row differently from 2 rows on (a q_proj row differs by ~1e-6), which no split fixes, so fp32 stays
+identical by margin only, as before, and the switch says so in a warning. The prompt's prefill (no row layout
+passed) goes through transformers' ``sdpa`` unchanged: plain and speculative decoding prefill the same prompt in the
+same call.
 
 That row independence is the BLAS's, not ours: on an AMD EPYC with the same torch/MKL build the batched fp32
 products change their summation with the number of rows in the call, so :func:`apply_attention_kernel` probes it
