@@ -147,6 +147,16 @@ def weight_major_speedup(*modules: Any, rows: tuple[int, ...] = AUTO_PROBE_ROWS,
     return statistics.median(times["stock"]) / statistics.median(times["weight-major"])
 
 
+def inference_rows(layer: Any, input: Any) -> int:  # noqa: A002 - F.linear's name
+    """Rows ``layer`` multiplies in this call, or 0 when autograd records it (training keeps ``nn.Linear``'s own
+    product) or the input is empty: the test both switched forwards make before choosing their product."""
+    import torch
+
+    if torch.is_grad_enabled() and (input.requires_grad or layer.weight.requires_grad):
+        return 0
+    return input.numel() // layer.in_features if layer.in_features else 0
+
+
 @functools.cache  # one class, built on first use, so importing this module does not import torch
 def weight_major_linear_class() -> type:
     """The ``nn.Linear`` subclass :func:`use_weight_major_linears` switches layers to."""
@@ -162,9 +172,8 @@ def weight_major_linear_class() -> type:
         weight_major_pad_single_row: bool = False
 
         def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Linear's own name
-            rows = input.numel() // self.in_features if self.in_features else 0
-            if rows == 0 or rows > self.weight_major_max_rows or (
-                    torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad)):
+            rows = inference_rows(self, input)
+            if not rows or rows > self.weight_major_max_rows:
                 return F.linear(input, self.weight, self.bias)
             if rows == 1 and self.weight_major_pad_single_row:
                 return padded_single_row_linear(input, self.weight, self.bias)
@@ -306,12 +315,13 @@ def row_exact_chunk(out_features: int, in_features: int, bias: bool, dtype: str,
     its one-row product bit for bit, for every row count up to it; 1 when two rows already differ.
 
     The BLAS picks its kernel by shape: oneDNN's bf16 GEMM on the Intel Xeon with AMX of 2026-12-05 (2 threads)
-    computes a row alone and beside up to 31 others the same way and changes kernels at 33 rows (SmolLM2's
-    [576, 576], [1536, 576], [576, 1536] and [49152, 576] layers; the [192, 576] ones never), which is why a 61-row
-    verification of the default EAGLE tree was not token-identical under ``--attention-kernel exact``; MKL's fp32
-    GEMM differs from 2 rows on. Probed once per shape, dtype, device and thread count (the kernel choice may
-    follow the threads) on random inputs: the choice follows the shape, not the values. Stops at the first row
-    count that differs, so a machine that differs at 2 rows pays two products per shape."""
+    computes a row alone and beside up to 31 others the same way and changes kernels at 33 rows, which is why a
+    61-row verification of the default EAGLE tree was not token-identical under ``--attention-kernel exact``; MKL's
+    fp32 GEMM differs from 2 rows on. Probed once per shape, dtype, device and thread count (the kernel choice may
+    follow the threads) on random inputs. A kernel change shows only where the other summation order crosses a
+    rounding boundary, so a shape can agree here and still differ on real inputs (SmolLM2's [192, 576] k_proj):
+    :func:`use_row_exact_linears` takes the smallest chunk over all shapes. Stops at the first row count that
+    differs, so a machine that differs at 2 rows pays two products per shape."""
     import torch
     import torch.nn.functional as F
 
@@ -345,9 +355,8 @@ def row_exact_linear_class() -> type:
         row_chunk: int = ROW_EXACT_MAX_ROWS
 
         def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Linear's own name
-            rows = input.numel() // self.in_features if self.in_features else 0
-            if rows <= self.row_chunk or (
-                    torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad)):
+            rows = inference_rows(self, input)
+            if not rows or rows <= self.row_chunk:
                 return F.linear(input, self.weight, self.bias)
             flat = input.reshape(rows, self.in_features)  # [rows, in]
             out = torch.cat([F.linear(part, self.weight, self.bias) for part in flat.split(self.row_chunk)])
