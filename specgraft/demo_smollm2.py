@@ -15,7 +15,7 @@ The same steps as the embedded demo (:mod:`specgraft.demo`), with SmolLM2-135M-I
 
 Evaluation prompts: ``prompts`` (e.g. MT-bench's ``question.jsonl``; one per domain, first turns), else held-out
 ShareGPT first turns (domain ``sharegpt``). DFlash is left out: at this budget it does not pay on a CPU
-(README, "DFlash"); ``benchmarks/bench_dflash.py`` measures it.
+(``benchmarks/bench_dflash.py`` measures it; docs/heads/dflash.md).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ SHAREGPT_DOMAIN = "sharegpt"
 
 @dataclass(frozen=True)
 class SmolLM2Budget:
-    """How much the SmolLM2 demo regenerates, trains and evaluates (the full run: 18 minutes on 2 cores)."""
+    """How much the SmolLM2 demo regenerates, trains and evaluates (sized for a small CPU)."""
 
     conversations: int
     """ShareGPT conversations whose first reply the target rewrites (the training data)."""
@@ -58,7 +58,8 @@ class SmolLM2Budget:
     """Only conversations whose first user turn is at most this long (long prompts dominate regeneration)."""
     regenerate_max_new_tokens: int
     regenerate_batch_size: int
-    """Conversations generated together (32: 7x the tokens/s of batch 1 on 2 cores, README)."""
+    """Conversations generated together (the weights are read once per step for the whole batch, so a batch of 32
+    generates many times the tokens/s of batch 1)."""
     max_length: int
     micro_batch_size: int
     medusa_steps: int
@@ -238,8 +239,8 @@ def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = Non
     elapsed = time.perf_counter() - started
     notes = (f"training data: the target's own first replies to {budget.conversations} ShareGPT conversations "
              f"(`{train_file}`); evaluation prompts: `{prompts_file}`",
-             "DFlash is not part of this demo: at this budget it does not pay on a CPU (README, DFlash; "
-             "`benchmarks/bench_dflash.py`)")
+             "DFlash is not part of this demo: at this budget it does not pay on a CPU "
+             "(`benchmarks/bench_dflash.py` measures it)")
     return write_summary(out, results, exports, elapsed, f"SmolLM2-135M-Instruct (float32, `{target_path}`)",
                           tuning, title="specgraft demo: per-domain acceptance and speedup on SmolLM2-135M-Instruct",
                           notes=notes)

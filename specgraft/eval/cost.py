@@ -381,8 +381,8 @@ def step_table(plain_s: float, ratios: dict[tuple[str, int], list[float]]) -> di
     """``{"chain": {n: s}, "tree": {n: s}}`` from the plain step and each ``(mode, n)``'s step / plain ratios.
 
     Verifying n >= 2 tokens is the one-token forward with more rows, so it never costs less than a plain step: a
-    median ratio below 1 is drift between the paired runs and is read as 1 (on a 2-core VM a 4-token step once
-    read 0.72 of a plain step, and the tuner over-predicted every small tree by ~30%). Each table is then made
+    median ratio below 1 is drift between the paired runs (or a plain step slowed by the BLAS's one-row product) and
+    is read as 1, so the tuner does not over-predict every small tree. Each table is then made
     non-decreasing in n (:func:`~specgraft.eval.search.monotone`)."""
     out: dict[str, dict[int, float]] = {"chain": {1: plain_s}, "tree": {}}
     for (mode, n), values in ratios.items():
@@ -483,8 +483,7 @@ def _time_propose(drafter: Any, model: Any, prompt: list[int], calls: int, ref: 
     """Median seconds of one ``propose`` + ``accept``, each timed right after a target forward, as in decoding.
 
     Timed back to back instead, a small drafter keeps its weights and activations in the CPU's caches and runs
-    1.2-1.5x faster than it does between the target's forwards (measured on the embedded demo target), so the
-    tuner would under-charge drafting."""
+    faster than it does between the target's forwards, so the tuner would under-charge drafting."""
     needs = tuple(int(i) for i in drafter.needs_hidden_states)
     drafter.bind(model)
     drafter.reset()

@@ -2,11 +2,10 @@
 
 Speculative decoding is lossless in exact arithmetic, but a fused attention kernel does not compute a query row the
 same way when the call holds one query as when it holds sixteen: the key dimension it reduces over grows by the
-tree's masked keys, its blocking follows the call's shape, and a bf16 logit that sits on a rounding tie flips.
-Measured on SmolLM2-135M-Instruct in bf16 (2 threads, Intel Xeon): the logits of every row of a 4-16-token
-verification differ from one-token decoding (by up to 0.56, several bf16 ulps at logit 26) in both transformers'
-``sdpa`` and ``eager`` attention, and 13 of 16 MT-bench answers diverge from plain greedy decoding, every one at
-a token within 2 ulps of the top logit. In fp32 the differences are ~3e-5 and the answers happen to agree.
+tree's masked keys, its blocking follows the call's shape, and a bf16 logit that sits on a rounding tie flips. In
+bf16 the logits of a multi-token verification differ from one-token decoding's by a few ulps in both transformers'
+``sdpa`` and ``eager`` attention, enough for greedy answers to diverge at near-ties; in fp32 the differences are
+far below the gaps between tokens and the answers agree.
 
 This module is an attention implementation, registered with transformers' public ``AttentionInterface``, whose
 result for a query row depends only on the keys that row sees, in their logical order, and not on the other rows of
@@ -28,8 +27,8 @@ the call, the masked keys, or where the row's ancestors sit in the cache:
 Plain decoding (the same decoder with no drafter) runs the same function with one row, so a verification row and the
 one-token step that plain decoding takes at that position get identical attention outputs. The rest of the forward
 is row-wise (norms, rotary embeddings, MLP) apart from the linear layers, whose products must then also compute a
-row the same way at 1 and at N rows. oneDNN's bf16 GEMM does on the Intel Xeon (AMX) measured here up to 32 rows
-and changes kernels at 33 (a 61-token default EAGLE tree was then not token-identical), so the exact path also
+row the same way at 1 and at N rows. A GEMM may do so only up to some row count and change kernels above it
+(oneDNN's bf16 GEMM, for example), so the exact path also
 switches the target's linear layers to products of at most as many rows as the machine computes row by row (probed
 per shape, the smallest for all: :func:`specgraft.eval.kernels.use_row_exact_linears`): with greedy decoding the
 speculative answer is token-identical to plain bf16 decoding by construction, at any tree size. MKL's fp32 GEMM
@@ -38,12 +37,12 @@ identical by margin only, as before, and the switch says so in a warning. The pr
 passed) goes through transformers' ``sdpa`` unchanged: plain and speculative decoding prefill the same prompt in the
 same call.
 
-That row independence is the BLAS's, not ours: on an AMD EPYC with the same torch/MKL build the batched fp32
-products change their summation with the number of rows in the call, so :func:`apply_attention_kernel` probes it
+That row independence is the BLAS's, not ours: on some CPUs the batched fp32 products change their summation with
+the number of rows in the call, so :func:`apply_attention_kernel` probes it
 at the model's attention shape (:func:`rows_computed_independently`) and refuses ``exact`` in one line where it
 fails, instead of promising bits it cannot deliver.
 
-Cost: some 25 small ops per layer instead of one fused call (measured in the README's bf16 section); selected with
+Cost: some 25 small ops per layer instead of one fused call; selected with
 ``--attention-kernel exact`` on ``specgraft eval`` / ``tune`` / ``profile``.
 """
 
@@ -64,8 +63,8 @@ logger = logging.getLogger(__name__)
 
 KEY_BLOCK = 16
 """Logical key positions per block. Any fixed size is exact. Each row gathers its own last one or two blocks (the
-prefix's remainder, then its path), so the gathered volume grows with the block: 16 timed faster than 32 and 64
-for 17-row trees at 200-600 cached positions on the 2-core CPU (``index_select`` dominated at 64)."""
+prefix's remainder, then its path), so the gathered volume grows with the block; 16 keeps that gather small
+(at 64 ``index_select`` dominates)."""
 
 ATTENTION_KERNELS = ("auto", "stock", "gqa", "exact")
 """``--attention-kernel`` choices: ``stock`` keeps the model's attention (sdpa); ``gqa`` is sdpa broadcasting grouped
@@ -229,9 +228,9 @@ PROBE_TREE = (-1, -1, -1, 1, 1, 4, 2, 5, 7)
 def rows_computed_independently(kv_heads: int, group: int, dim: int, dtype: str, device: str) -> bool:
     """Whether this machine's kernels give every row of an exact-attention call the bits its one-row call gets, at
     this attention shape and dtype: the premise the kernel rests on (its products stack rows along batch and M
-    dimensions that the BLAS must treat row by row). True on the Intel Xeon (AMX) it was built on; false on an AMD
-    EPYC with the same MKL build, whose batched fp32 products change their summation with the batch count and the
-    row count (2026-12-05). Probed once per shape on random inputs: a 9-node tree and a chain at seven cache lengths,
+    dimensions that the BLAS must treat row by row). It holds on some CPUs and not on others with the same torch/MKL
+    build, whose batched fp32 products change their summation with the batch count and the row count. Probed once
+    per shape on random inputs: a 9-node tree and a chain at seven cache lengths,
     every row against its one-row call."""
     from specgraft.eval.tree import tree_structure
 

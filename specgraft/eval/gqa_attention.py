@@ -6,10 +6,8 @@ Most current LLMs share each key/value head among several query heads (GQA: Smol
 (``enable_gqa``) only when the call has no mask, because CUDA's fused kernels fall back to the math kernel with
 both; with a mask it first copies every KV head ``group`` times (``repeat_kv``). A one-token decoding step has no
 mask (and is packed by head group), but every verification step of a speculative decoder does (a causal block
-after the cache, or a tree mask), so it pays a copy of the whole KV cache per layer that plain decoding does not:
-on SmolLM2-135M-Instruct (fp32, 2 threads, AMD EPYC, 2026-12-05) a 4 / 8 / 16-token forward after 1000 cached
-tokens took 86.5 / 90 / 111 ms against 80-82 / 82.5 / 100-102 ms with the KV heads broadcast, 2-4% less at 200
-cached tokens.
+after the cache, or a tree mask), so it pays a copy of the whole KV cache per layer that plain decoding does not,
+a cost that grows with the cache length.
 
 :func:`gqa_attention_forward` is that ``sdpa`` call with ``enable_gqa=True`` for masked multi-row calls on the CPU
 (torch's CPU kernels take a mask and a grouping together), and transformers' own ``sdpa`` for everything else (one

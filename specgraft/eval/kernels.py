@@ -3,16 +3,13 @@
 A decoder step multiplies every weight by only a handful of rows (1 token for plain decoding, 2-16 for a
 verification or a draft block). ``nn.Linear`` computes ``x @ W^T``; with the weights streamed from memory, MKL's
 general GEMM in that layout costs about twice its matrix-vector product as soon as there are two rows or more. The
-same product written ``(W @ x^T)^T`` keeps the weight as the tall operand and runs at about the one-row cost up to
-some 16 rows. Measured on SmolLM2-135M-Instruct (fp32, 2 threads, AMD EPYC, MKL 2024.2), a whole forward at a
-160-token KV cache: 1 / 2 / 4 / 8 / 16 tokens take 95-127 / 183-203 / 182-195 / 198-210 / 207-221 ms with
-``nn.Linear`` and 98-125 / 103-184 / 101-141 / 125-177 / 145-190 ms in the weight-major form; from 24 rows on the two
-are equal. The results differ only by float rounding (another summation order); the decoder's lossless guarantee
-holds because plain and speculative decoding run the same kernels.
+same product written ``(W @ x^T)^T`` keeps the weight as the tall operand and, on some CPUs, runs at about the
+one-row cost up to some 16 rows; from a few dozen rows on the two layouts cost the same. The results differ only by
+float rounding (another summation order); the decoder's lossless guarantee holds because plain and speculative
+decoding run the same kernels.
 
-The gain is a property of the CPU and its BLAS, not of the model: on an Intel Xeon with a 480 MB L3 cache
-(MKL, 2 threads) the same SmolLM2 forward took 39 / 83 / 81 / 82 / 82 ms weight-major against 38 / 41 / 59 / 71 / 77 ms
-with ``nn.Linear`` -- twice as slow at 2 rows. So ``auto`` measures instead of assuming: it times one sweep over the
+The gain is a property of the CPU and its BLAS, not of the model: on other CPUs the weight-major form is the slower
+one from 2 rows on. So ``auto`` measures instead of assuming: it times one sweep over the
 models' own eligible layers at 2-16 rows in both layouts (:func:`weight_major_speedup`, about a second) and switches
 only where weight-major is measured at least :data:`AUTO_MIN_SPEEDUP` times faster.
 
@@ -197,14 +194,14 @@ def weight_major_linear(input: Any, weight: Any, bias: Any = None) -> Any:  # no
 def padded_single_row_linear(input: Any, weight: Any, bias: Any = None) -> Any:  # noqa: A002 - F.linear's name
     """``F.linear`` of one row computed as the weight-major product of that row twice, the first result kept.
 
-    On some CPUs the BLAS's matrix-vector product is far slower than its two-column product for a tall weight:
-    SmolLM2's [49152, 576] lm_head took 9.4 ms for one row (any layout) and 2.8 ms for two on the AMD EPYC of
-    2026-12-05 (MKL 2024.2, 2 threads), so plain decoding paid 6.6 ms per token that a verification step did not."""
+    On some CPUs the BLAS's matrix-vector product is far slower than its two-column product for a tall weight (a
+    vocabulary projection above all), so plain decoding would pay per token a cost that a verification step does
+    not."""
     import torch
 
     flat = input.reshape(1, weight.shape[1])
-    # A real second row: an expanded (stride-0) one sends MKL down a slower path than the one-row product (16 ms).
-    # cat, not repeat: 1.4 against 7.5 us a call, and a forward pads ~150 layers.
+    # A real second row: an expanded (stride-0) one can send the BLAS down a slower path than the one-row product.
+    # cat, not repeat: cat is the cheaper copy, and a forward pads every eligible layer.
     out = weight_major_linear(torch.cat([flat, flat]), weight, bias)[:1]  # [1, out]
     return out.reshape(*input.shape[:-1], weight.shape[0])
 
@@ -217,11 +214,10 @@ def choose_single_row_padding(*modules: Any, repeats: int = SINGLE_ROW_PAD_REPEA
 
     Each layer is timed inside sweeps through all of them in order, one sweep per form, alternating: so its weights
     come from wherever a forward finds them. Layers of one shape decide together, on their pooled medians. Timed
-    alone and repeated, a layer's weights sit in the CPU's caches; a forward streams the whole model, and on the
-    AMD EPYC of 2026-12-05 (MKL 2024.2, 2 threads) the streamed one-row products of SmolLM2's [576, 576] /
-    [1536, 576] / [576, 1536] layers took 1.4-2.2x their two-row ones (116 / 298 / 215 us against 81 / 138 / 142),
-    cached ones less than 1.1x: timed alone, only the lm_head (too large for any cache) padded, and a one-token
-    forward kept paying 48 ms where two tokens cost 32."""
+    alone and repeated, a layer's weights sit in the CPU's caches; a forward streams the whole model, and a
+    streamed one-row product can be much slower than its two-row form where a cached one is not: timed alone, only
+    layers too large for any cache (the lm_head) would pad, and a one-token forward would keep paying more than a
+    two-token one."""
     import statistics
     import time
 
@@ -314,10 +310,10 @@ def row_exact_chunk(out_features: int, in_features: int, bias: bool, dtype: str,
     """The most rows ``F.linear`` may multiply in one call at this weight shape so that every row's result equals
     its one-row product bit for bit, for every row count up to it; 1 when two rows already differ.
 
-    The BLAS picks its kernel by shape: oneDNN's bf16 GEMM on the Intel Xeon with AMX of 2026-12-05 (2 threads)
-    computes a row alone and beside up to 31 others the same way and changes kernels at 33 rows, which is why a
-    61-row verification of the default EAGLE tree was not token-identical under ``--attention-kernel exact``; MKL's
-    fp32 GEMM differs from 2 rows on. Probed once per shape, dtype, device and thread count (the kernel choice may
+    The BLAS picks its kernel by shape: oneDNN's bf16 GEMM, for example, can compute a row alone and beside a few
+    dozen others the same way and change kernels above that, so a long verification (the default 61-row EAGLE tree)
+    would not be token-identical under ``--attention-kernel exact`` without the split; MKL's fp32 GEMM differs from
+    2 rows on. Probed once per shape, dtype, device and thread count (the kernel choice may
     follow the threads) on random inputs. A kernel change shows only where the other summation order crosses a
     rounding boundary, so a shape can agree here and still differ on real inputs (SmolLM2's [192, 576] k_proj):
     :func:`use_row_exact_linears` takes the smallest chunk over all shapes. Stops at the first row count that

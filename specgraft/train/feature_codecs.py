@@ -12,7 +12,7 @@ it. The codes of a token are bit-packed into ``bytes_per_token`` bytes.
   L values (the same residual-stream coordinate at each stored depth, strongly correlated) are replaced by the
   nearest of 2**bits centroids of a per-channel k-means codebook. h * bits / 8 bytes per token whatever L is, so a
   head that reads 4 layers costs what one layer costs at int8 (at 2 bits per value for L = 4 at 8 bits, i.e. more
-  error as L grows: see the README's offline-features section for measured errors).
+  error as L grows; the benchmark ``benchmarks/bench_feature_cache.py`` measures the error and its cost in tau).
 
 Decoding (:meth:`decode`) is a gather / multiply-add on the packed codes of a whole padded micro-batch.
 """

@@ -257,8 +257,8 @@ class RecipeTrainer:
         # The scheduler is stepped by hand once per optimizer step (accelerate would step it once per process).
         self.scheduler = scheduler
         self.step_module, self.optimizer, self.loader = acc.prepare(step_module, optimizer, loader)
-        # Unwrapped once: accelerate's unwrap_model looks up installed packages' metadata on every call (about 2 ms
-        # on this CPU, twice per optimizer step: a tenth of a tiny-target Medusa step).
+        # Unwrapped once: accelerate's unwrap_model looks up installed packages' metadata on every call, a cost
+        # that is a sizeable share of a small head's step when paid twice per optimizer step.
         self._bare_module = acc.unwrap_model(self.step_module)
         self.batches_per_epoch = len(self.loader)
 

@@ -1,7 +1,7 @@
 """The ``--threads`` option of the long-running commands (train, distill, regenerate, eval).
 
 torch's default intra-op thread count is every core; when other processes share the cores, those threads stall
-each other (a SmolLM2 forward measured 3-4x slower than with one thread), so the commands let users pin it.
+each other (a forward can run several times slower than with one thread), so the commands let users pin it.
 """
 
 from __future__ import annotations

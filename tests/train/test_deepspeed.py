@@ -1,5 +1,5 @@
 """DeepSpeed ZeRO-2 through accelerate on this CPU (single process: DeepSpeed's CPU accelerator + accelerate
-cannot run 2 CPU processes, see the README's scale section). Same result as plain training; resume works."""
+cannot run 2 CPU processes, see docs/distributed.md). Same result as plain training; resume works."""
 
 from __future__ import annotations
 

@@ -112,8 +112,8 @@ def dflash_attention_forward(
                                                q.device)[None], attention_mask.dtype)  # [1, 1, Q, Q]
             attention_mask = torch.cat([attention_mask, own.expand(attention_mask.shape[0], -1, -1, -1)], dim=-1)
         groups = q.shape[1] // key.shape[1]
-        # On the CPU the fused kernel shares each key/value head among its query heads itself (a stories260K
-        # drafting block forward 410 -> 390 us without the copies); elsewhere not every kernel does.
+        # On the CPU the fused kernel shares each key/value head among its query heads itself, so the copies are
+        # skipped there; elsewhere not every kernel does.
         native_gqa = groups > 1 and not softcap and q.device.type == "cpu"
         if groups > 1 and not native_gqa:
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
@@ -415,8 +415,8 @@ class DFlashHead(DraftHead):
         """[.., h] block states -> [.., V_out] draft logits (over :meth:`draft_token_ids`, or the target vocab).
 
         The projection is called as its module where the dtypes agree, so that a decoder's linear-kernel switch
-        (:mod:`specgraft.eval.kernels`) reaches it: on SmolLM2 (16k draft vocabulary, fp32, 2 threads, AMD EPYC) a
-        block's 3-row projection took 8.7 ms through ``F.linear`` with the weight, more than the rest of the draft."""
+        (:mod:`specgraft.eval.kernels`) reaches it: through ``F.linear`` with the weight, a few-row vocabulary
+        projection stays on the BLAS's slow few-row path, which on some CPUs costs more than the rest of the draft."""
         x = self.norm(hidden)
         projection = self._projection_module()
         if isinstance(projection, nn.Linear) and projection.weight.dtype == x.dtype:

@@ -8,8 +8,8 @@ per expanded node, reranked to ``total_tokens``) and verifies them. Candidates:
   depth ``<= D`` and ``T - 1`` nodes (the dynamic tree picks its nodes by draft confidence, which the static
   optimum approximates), its nodes below depth 1 scaled by :func:`dynamic_tree_scale`: the share of the static
   optimum's deeper acceptance the calibration run's own dynamic tree realised. The optimum is chosen with
-  hindsight of every (depth, rank) rate and overstates a dynamic tree (demo EAGLE-3 head, default 60-token tree:
-  tau 5.54 predicted unscaled, 4.74 measured); the depth-1 fan is exact and keeps its value.
+  hindsight of every (depth, rank) rate and overstates a dynamic tree; the depth-1 fan is exact and keeps its
+  value.
 
 ``p[d][r]`` comes from the per-(depth, rank) statistics of a calibration eval at the default tree; the tuner
 (:mod:`specgraft.eval.tune`) ranks, confirms and records the predictions.
