@@ -492,8 +492,8 @@ def test_build_dataset_trains_on_the_continued_text(tmp_path, gen_model, tok_pla
 
 
 def test_stories260k_medusa_recipe_trains_on_the_targets_greedy_continuations():
-    """The shipped stories260K Medusa recipe self-distils (CHANGELOG.md, "Medusa on stories260K": held-out tree tau 1.89 on
-    the human text, 2.70 on the target's continuations, at the same 600 steps)."""
+    """The shipped stories260K Medusa recipe self-distils (CHANGELOG.md, "Medusa on stories260K": held-out tree tau
+    1.89 on the human text, 2.70 on the target's continuations, at the same 600 steps)."""
     from specgraft.config import load_recipe
 
     data = load_recipe(REPO / "recipes" / "medusa" / "stories260k.yaml").data
