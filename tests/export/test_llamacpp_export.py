@@ -83,7 +83,7 @@ def test_what_the_eagle3_gguf_cannot_hold(llama_target, llama_target_gguf, tmp_p
 def test_target_gguf_of_another_model_or_tokenizer(saved_heads, llama_target, tmp_path):
     deeper = save_tiny_target(tmp_path / "deeper", num_hidden_layers=5)
     other_model = save_target_gguf(deeper, tmp_path / "deeper.gguf")
-    with pytest.raises(SpecgraftError, match="is not this head's target: it has layers 5 \\(the head's target has 4\\)"):
+    with pytest.raises(SpecgraftError, match=r"not this head.s target: it has layers 5 \(the head.s target has 4\)"):
         export_head(saved_heads["eagle3"], "llamacpp", tmp_path / "o", target_gguf=other_model)
     tokens = llama_target.tokenizer.convert_ids_to_tokens(list(range(len(llama_target.tokenizer))))
     tokens[7], tokens[8] = tokens[8], tokens[7]
