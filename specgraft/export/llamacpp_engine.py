@@ -5,9 +5,9 @@
 binaries there and refuses, in one line with the build command, a folder that lacks them or holds another build.
 
 :class:`LlamaServer` starts ``llama-server`` on a free local port with the given model flags and sends token-id
-prompts to ``/completion`` (greedy, no prompt cache). The server logs one ``accepted A/D draft tokens`` line per
-verification step; :meth:`LlamaServer.steps` returns them, so callers compare the engine's own per-step acceptance,
-not only its totals.
+prompts to ``/completion`` (greedy, no prompt cache). With ``trace_steps`` the server runs with ``LLAMA_TRACE=1``
+and logs one ``accepted A/D draft tokens`` line per verification step; each :class:`Completion` carries them, so
+callers compare the engine's own per-step acceptance, not only its totals.
 """
 
 from __future__ import annotations
@@ -96,8 +96,10 @@ class LlamaServer:
     Use as a context manager; the process is stopped on exit.
     """
 
-    def __init__(self, args: Sequence[str], threads: int = 1, ctx_size: int = 2048, timeout_s: float = 120.0) -> None:
+    def __init__(self, args: Sequence[str], threads: int = 1, ctx_size: int = 2048, timeout_s: float = 120.0,
+                 trace_steps: bool = True) -> None:
         self.args = [str(a) for a in args]
+        self.trace_steps = trace_steps
         self.threads = threads
         self.ctx_size = ctx_size
         self.timeout_s = timeout_s
@@ -112,7 +114,8 @@ class LlamaServer:
         command = [str(llamacpp_bin() / "llama-server"), *self.args, "--host", "127.0.0.1", "--port", str(self.port),
                    "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.ctx_size), "-np", "1",
                    "--no-webui", "--metrics"]
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        env = dict(os.environ, LLAMA_TRACE="1") if self.trace_steps else None
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -152,6 +155,23 @@ class LlamaServer:
             text = fh.read()
             self._log_offset = fh.tell()
         return text
+
+    def metrics(self) -> dict[str, float]:
+        """The server's Prometheus counters (``/metrics``), name (with labels) -> value, ``llamacpp:`` dropped."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=self.timeout_s) as response:
+            text = response.read().decode("utf-8")
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("llamacpp:"):
+                name, value = line[len("llamacpp:"):].rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds the server process has used so far (Linux ``/proc``)."""
+        assert self.process is not None
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def complete(self, prompt_ids: Sequence[int], n_predict: int, ignore_eos: bool = True) -> Completion:
         """Greedy generation of ``n_predict`` tokens after the token-id prompt (no prompt cache; with

@@ -122,12 +122,15 @@ def test_eagle3_export_in_llamacpp_is_lossless_and_accepts_what_specgraft_accept
 
 def test_wrong_layer_id_fails_the_engine_check(llamacpp_bin, eagle3_head, stories260k_gguf, story_prompts, ours,
                                                tmp_path):
-    """Negative control: the same weights exported with the fused layer numbered one lower (the SGLang/TRT-LLM
-    numbering mistake) load and run in llama.cpp but no longer accept what specgraft accepts."""
+    """Negative control: the same weights exported with the fused layers numbered one lower where possible (the
+    SGLang/TRT-LLM numbering mistake: [1, 3, 4] -> [1, 2, 3]) load and run in llama.cpp but no longer accept what
+    specgraft accepts."""
     wrong_head = shutil.copytree(eagle3_head, tmp_path / "wrong-head")
     config_file = wrong_head / "head_config.json"
     config = json.loads(config_file.read_text())
-    config["config"]["feature_layers"] = [int(i) - 1 for i in config["config"]["feature_layers"]]
+    right = [int(i) for i in config["config"]["feature_layers"]]
+    config["config"]["feature_layers"] = [max(1, i - 1) for i in right]
+    assert config["config"]["feature_layers"] != right
     config_file.write_text(json.dumps(config))
     wrong = export_head(wrong_head, "llamacpp", tmp_path / "wrong", target_gguf=stories260k_gguf).path / "draft.gguf"
     chain = 3
