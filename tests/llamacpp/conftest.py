@@ -67,7 +67,7 @@ def train_short(recipe_name: str, stories260k_dir: Path, tinystories_path: Path,
         trainer.train()
     finally:
         trainer.cleanup()
-    return out / "head"
+    return out / "head" / "head"
 
 
 @pytest.fixture(scope="session")

@@ -3,10 +3,13 @@
 The export is served by the pinned llama.cpp (``llama-server -md draft.gguf --spec-type draft-eagle3``) and must
 (1) leave llama.cpp's greedy output unchanged and (2) accept, step by step, what specgraft's own decoder accepts
 with the same head at the same chain length on the same prompts. The server logs one ``accepted A/D`` line per
-verification step; both decoders start a step at the same position as long as they agree, so the per-step lists
-are compared directly, over the steps in which llama.cpp drafted the full chain (near the end it shortens drafts
-to the tokens left). A step can differ only where two draft or target logits are within float error of each other
-(ggml's kernels vs torch's): the test counts those and allows a few. A head exported with a wrong layer id must
+verification step. llama-server takes the first new token from the prompt's own forward and drafts from there,
+while specgraft's decoder prefills all but the last prompt token and drafts the first new token too; so specgraft
+decodes ``prompt + [first token]`` (the token llama.cpp's plain run produced), which puts every step of both at the
+same position as long as they agree. The per-step lists are then compared directly, over the steps in which
+llama.cpp drafted the full chain (near the end it shortens drafts to the tokens left). A step can differ only
+where two draft or target logits are within float error of each other (ggml's kernels vs torch's): the test counts
+those and allows a few. A head exported with a wrong layer id must
 fail the same comparison (negative control).
 """
 
@@ -83,14 +86,16 @@ def plain(llamacpp_bin, stories260k_gguf, story_prompts) -> list:
 
 
 @pytest.fixture(scope="module")
-def ours(eagle3_head, stories_target, story_prompts) -> dict[int, list]:
+def ours(eagle3_head, stories_target, story_prompts, plain) -> dict[int, list]:
+    """specgraft's decoder with the same head: ``prompt + [first token]``, the rest of the generation."""
     head = load_head(stories_target, eagle3_head)
     out = {}
     for chain in CHAINS:
         decoder = SpeculativeDecoder(stories_target, drafter=drafter_from_setting(head, {"mode": "chain",
                                                                                          "depth": chain}),
                                      ignore_eos=True)
-        out[chain] = [decoder.generate(ids, NEW_TOKENS) for ids in story_prompts]
+        out[chain] = [decoder.generate([*ids, run.tokens[0]], NEW_TOKENS - 1)
+                      for ids, run in zip(story_prompts, plain)]
     return out
 
 
@@ -109,7 +114,7 @@ def test_eagle3_export_in_llamacpp_is_lossless_and_accepts_what_specgraft_accept
             engine = [server.complete(ids, NEW_TOKENS) for ids in story_prompts]
         for run, reference, mine in zip(engine, plain, ours[chain]):
             assert run.tokens == reference.tokens  # lossless in the engine
-            assert mine.generated_ids == reference.tokens  # and the same sequence in specgraft
+            assert [reference.tokens[0], *mine.generated_ids] == reference.tokens  # the same sequence in specgraft
             assert sum(a for a, _ in run.steps) == run.accepted and sum(d for _, d in run.steps) == run.drafted
         comparison = compare(chain, engine, ours[chain])
         results.append(comparison)
