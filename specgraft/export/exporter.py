@@ -323,6 +323,11 @@ def export_head(
             target when that is a ``.gguf`` file.
     """
     head_dir = Path(head_dir)
+    if _is_distilled_draft(head_dir):
+        if fmt != "llamacpp":
+            raise SpecgraftError(f"{head_dir} is a distilled draft model (a plain transformers model): vLLM and SGLang "
+                                 "load the folder itself as a draft model, so only --format llamacpp converts it")
+        return _export_draft_model(head_dir, Path(out), overwrite, target_gguf, speculative_tokens)
     meta = read_head_config(head_dir)
     head_type = meta["head_type"]
     require_supported(head_type, fmt)
@@ -419,6 +424,63 @@ def export_head(
     return ExportResult(final, fmt, head_type, sorted(files), warnings, notes)
 
 
+def _is_distilled_draft(folder: Path) -> bool:
+    from specgraft.distill.output import DRAFT_META
+
+    return (folder / DRAFT_META).is_file() and not (folder / HEAD_CONFIG_NAME).is_file()
+
+
+def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: str | Path | None,
+                        speculative_tokens: int | None) -> ExportResult:
+    """A distilled draft model as llama.cpp's ``-md`` GGUF, with the target GGUF's tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    from specgraft.distill.output import read_draft_meta
+    from specgraft.export.llamacpp import DRAFT_FILE, read_target_gguf, write_draft_model_gguf
+
+    meta = read_draft_meta(folder)
+    _check_destination(out, folder, overwrite)
+    recorded = TargetIdentity.from_dict(meta["target"])
+    target = read_target_gguf(_target_gguf_path(target_gguf, recorded.name_or_path))
+    wrong = [f"{what} {found} (the draft's target has {want})" for what, found, want in (
+        ("layers", target.block_count, recorded.num_hidden_layers), ("hidden size", target.hidden_size,
+                                                                    recorded.hidden_size),
+        ("vocabulary", len(target.tokens), recorded.vocab_size)) if found != want]
+    if wrong:
+        raise SpecgraftError(f"--target-gguf {target.path} is not the target this draft was distilled for: it has "
+                             f"{', '.join(wrong)}; pass the GGUF of that target")
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    n = int(speculative_tokens or DEFAULT_SPECULATIVE_TOKENS)
+    export_meta = {"specgraft_export_version": EXPORT_VERSION, "format": "llamacpp", "head_type": "draft_model",
+                   "draft": meta, "llamacpp": {"target_gguf": target.path.name, "draft_file": DRAFT_FILE,
+                                               "draft_tokens": n}}
+    card = "\n".join([
+        f"# Distilled draft model for {recorded.name_or_path} (llama.cpp GGUF)", "",
+        f"A {model.config.num_hidden_layers}-layer draft model distilled by specgraft; it carries the tokenizer of "
+        f"`{target.path.name}`, so llama.cpp accepts it as that target's draft.", "",
+        "```bash", f"llama-server -m {target.path.name} -md {out}/{DRAFT_FILE} --spec-type draft-simple \\",
+        f"  --spec-draft-n-max {n} --spec-draft-p-min 0", "```", ""])
+    with atomic_path(out) as tmp:
+        tmp.mkdir(parents=True)
+        write_draft_model_gguf(model, target, tmp / DRAFT_FILE, f"{recorded.name_or_path} draft")
+        (tmp / EXPORT_META_NAME).write_text(json.dumps(export_meta, indent=2, default=str) + "\n", encoding="utf-8")
+        (tmp / CARD_NAME).write_text(card, encoding="utf-8")
+    return ExportResult(out, "llamacpp", "draft_model", sorted([DRAFT_FILE, EXPORT_META_NAME, CARD_NAME]))
+
+
+def _target_gguf_path(target_gguf: str | Path | None, recorded: str) -> str | Path:
+    """``--target-gguf``, else the recorded target when it is a ``.gguf`` file here; refused otherwise."""
+    from specgraft.gguf import is_gguf_path
+
+    if target_gguf is None and is_gguf_path(recorded) and Path(recorded).expanduser().is_file():
+        target_gguf = recorded
+    if target_gguf is None:
+        raise SpecgraftError("the llamacpp format needs the target's GGUF (llama.cpp copies its tokenizer into the "
+                             "draft and serves the target from it): pass --target-gguf TARGET.gguf, converted with "
+                             "llama.cpp's convert_hf_to_gguf.py")
+    return target_gguf
+
+
 def _gguf_arch(metadata: dict[str, Any]) -> str:
     """The architecture a draft's GGUF metadata is prefixed with (``eagle3.block_count`` -> ``eagle3``)."""
     return next(iter(metadata)).split(".", 1)[0]
@@ -428,16 +490,8 @@ def _llamacpp_target(target_gguf: str | Path | None, meta: dict[str, Any], info:
     """The target GGUF a llama.cpp draft is written for (its tokenizer goes into the draft), checked against the
     head's target; refused in one line when absent or another model's."""
     from specgraft.export.llamacpp import check_target_gguf, read_target_gguf
-    from specgraft.gguf import is_gguf_path
 
-    recorded = str(meta["target"]["name_or_path"])
-    if target_gguf is None and is_gguf_path(recorded) and Path(recorded).expanduser().is_file():
-        target_gguf = recorded
-    if target_gguf is None:
-        raise SpecgraftError("the llamacpp format needs the target's GGUF (llama.cpp copies its tokenizer into the "
-                             "draft and serves the target from it): pass --target-gguf TARGET.gguf, converted with "
-                             "llama.cpp's convert_hf_to_gguf.py")
-    target = read_target_gguf(target_gguf)
+    target = read_target_gguf(_target_gguf_path(target_gguf, str(meta["target"]["name_or_path"])))
     return target, check_target_gguf(target, info.config, _target_tokens(info))
 
 

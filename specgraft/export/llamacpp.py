@@ -9,7 +9,8 @@ of target layer ``i``, i.e. transformers' ``output_hidden_states[i]``), ``conver
 for llama.cpp's interleaved RoPE, ``d2t`` stored as absolute target ids in int64).
 
 :func:`write_target_gguf` writes a transformers Llama target as a llama.cpp ``llama`` GGUF (used by the engine
-tests to serve stories260K; a user's target GGUF normally comes from llama.cpp's own converter).
+tests to serve stories260K; a user's target GGUF normally comes from llama.cpp's own converter);
+:func:`write_draft_model_gguf` writes a distilled draft model for ``-md`` with the target GGUF's tokenizer.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from specgraft.errors import SpecgraftError
+from specgraft.export.target_info import rope_fields
 from specgraft.gguf import _require_gguf_package, inspect_gguf
 from specgraft.utils.io import atomic_path
 
@@ -207,20 +209,22 @@ def read_gguf(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.
 # A transformers Llama target as a llama.cpp GGUF
 
 
-def write_target_gguf(model: Any, tokens: Sequence[str], out: str | os.PathLike, *,
-                      scores: Sequence[float] | None = None, token_types: Sequence[int] | None = None,
-                      bos_id: int | None = None, eos_id: int | None = None, unk_id: int | None = None,
-                      tokenizer_model: str = "llama", name: str = "target") -> Path:
-    """Write a transformers ``LlamaForCausalLM`` as llama.cpp's ``llama`` architecture (float32), with the given
-    SentencePiece-style vocabulary (``tokenizer_model`` "llama": llama.cpp merges by ``scores``)."""
+def llama_gguf_parts(model: Any, name: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(metadata, tensors) of a transformers ``LlamaForCausalLM`` as llama.cpp's ``llama`` architecture
+    (float32, q/k rows permuted for its RoPE, no ``output`` when the embeddings are tied)."""
     config = model.config
     if getattr(config, "model_type", None) != "llama":
-        raise SpecgraftError(f"write_target_gguf writes Llama targets only, not {config.model_type}; convert others "
-                             "with llama.cpp's convert_hf_to_gguf.py")
+        raise SpecgraftError(f"llama.cpp GGUFs are written here for Llama models only, not {config.model_type}; "
+                             "convert others with llama.cpp's convert_hf_to_gguf.py")
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        raise SpecgraftError("this Llama model has attention or MLP biases, which this GGUF writer does not hold; "
+                             "convert it with llama.cpp's convert_hf_to_gguf.py")
+    rope = rope_fields(config)
+    if rope["rope_scaling"] is not None:
+        raise SpecgraftError(f"this model uses {rope['rope_scaling']['rope_type']} RoPE scaling, which this GGUF "
+                             "writer does not hold; convert it with llama.cpp's convert_hf_to_gguf.py")
     heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    rope = getattr(config, "rope_parameters", None) or {}
-    theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
     metadata: dict[str, Any] = {
         "general.name": name,
         "llama.context_length": int(config.max_position_embeddings),
@@ -230,13 +234,37 @@ def write_target_gguf(model: Any, tokens: Sequence[str], out: str | os.PathLike,
         "llama.attention.head_count": heads,
         "llama.attention.head_count_kv": kv_heads,
         "llama.attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
-        "llama.rope.freq_base": theta,
+        "llama.rope.freq_base": float(rope["rope_theta"]),
         "llama.rope.dimension_count": head_dim,
         "llama.vocab_size": int(config.vocab_size),
     }
+    state = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
+    tensors = {"token_embd.weight": state["model.embed_tokens.weight"],
+               "output_norm.weight": state["model.norm.weight"]}
+    if not getattr(config, "tie_word_embeddings", False):
+        tensors["output.weight"] = state["lm_head.weight"]
+    names = {"input_layernorm": "attn_norm", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down"}
+    for i in range(int(config.num_hidden_layers)):
+        ours = f"model.layers.{i}"
+        tensors[f"blk.{i}.attn_q.weight"] = permute_qk(state[f"{ours}.self_attn.q_proj.weight"], heads)
+        tensors[f"blk.{i}.attn_k.weight"] = permute_qk(state[f"{ours}.self_attn.k_proj.weight"], kv_heads)
+        for theirs, gguf_name in names.items():
+            tensors[f"blk.{i}.{gguf_name}.weight"] = state[f"{ours}.{theirs}.weight"]
+    return metadata, tensors
+
+
+def write_target_gguf(model: Any, tokens: Sequence[str], out: str | os.PathLike, *,
+                      scores: Sequence[float] | None = None, token_types: Sequence[int] | None = None,
+                      bos_id: int | None = None, eos_id: int | None = None, unk_id: int | None = None,
+                      tokenizer_model: str = "llama", name: str = "target") -> Path:
+    """Write a transformers ``LlamaForCausalLM`` as llama.cpp's ``llama`` architecture (float32), with the given
+    SentencePiece-style vocabulary (``tokenizer_model`` "llama": llama.cpp merges by ``scores``)."""
+    metadata, tensors = llama_gguf_parts(model, name)
     gguf = _require_gguf_package()
     types = gguf.GGUFValueType
-    n = int(config.vocab_size)
+    n = int(model.config.vocab_size)
     if len(tokens) > n:
         raise SpecgraftError(f"the vocabulary has {len(tokens)} tokens but the model only {n} rows")
     # Rows past the tokenizer are padding, as llama.cpp's converter writes them.
@@ -255,20 +283,17 @@ def write_target_gguf(model: Any, tokens: Sequence[str], out: str | os.PathLike,
     for key, value in (("bos_token_id", bos_id), ("eos_token_id", eos_id), ("unknown_token_id", unk_id)):
         if value is not None:
             vocab.append((f"tokenizer.ggml.{key}", int(value), types.UINT32, None))
-    state = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
-    tensors = {"token_embd.weight": state["model.embed_tokens.weight"],
-               "output_norm.weight": state["model.norm.weight"]}
-    if not getattr(config, "tie_word_embeddings", False):
-        tensors["output.weight"] = state["lm_head.weight"]
-    names = {"input_layernorm": "attn_norm", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down"}
-    for i in range(int(config.num_hidden_layers)):
-        ours = f"model.layers.{i}"
-        tensors[f"blk.{i}.attn_q.weight"] = permute_qk(state[f"{ours}.self_attn.q_proj.weight"], heads)
-        tensors[f"blk.{i}.attn_k.weight"] = permute_qk(state[f"{ours}.self_attn.k_proj.weight"], kv_heads)
-        for theirs, gguf_name in names.items():
-            tensors[f"blk.{i}.{gguf_name}.weight"] = state[f"{ours}.{theirs}.weight"]
     out = Path(out)
     write_gguf(out, "llama", metadata, tensors, vocab)
     return out
+
+
+def write_draft_model_gguf(model: Any, target: TargetGGUF, out: Path, name: str) -> None:
+    """A distilled draft model (a small Llama) as llama.cpp's ``-md`` draft: its weights with the TARGET's
+    tokenizer (llama.cpp refuses a draft whose vocabulary differs from the target's)."""
+    rows = int(model.config.vocab_size)
+    if rows != len(target.tokens):
+        raise SpecgraftError(f"the draft model has {rows} vocabulary rows but {target.path} has {len(target.tokens)} "
+                             "tokens; pass the GGUF of the target the draft was distilled for")
+    metadata, tensors = llama_gguf_parts(model, name)
+    write_gguf(out, "llama", metadata, tensors, target.tokenizer_fields)

@@ -115,3 +115,32 @@ def test_export_meta_names_the_target_gguf(saved_heads, llama_target_gguf, tmp_p
     meta = json.loads((out / "specgraft_export.json").read_text())
     assert meta["llamacpp"] == {"target_gguf": "tiny-llama.gguf", "draft_file": "draft.gguf", "draft_tokens": 4}
     assert "--spec-draft-n-max 4" in (out / "README.md").read_text()
+
+
+def test_distilled_draft_model_as_llamacpp_draft(llama_target, llama_target_gguf, tmp_path):
+    """A distilled draft (a plain small Llama) becomes an ``-md`` GGUF with the target's tokenizer, key for key."""
+    import gguf
+
+    from specgraft.distill.output import save_draft
+    from specgraft.testing import tiny_model
+
+    student = tiny_model("llama", num_hidden_layers=1)
+    folder = save_draft(tmp_path / "draft", student, llama_target.tokenizer, llama_target.identity)
+    with pytest.raises(SpecgraftError, match="distilled draft model.*only --format llamacpp converts it"):
+        export_head(folder, "vllm", tmp_path / "v")
+    result = export_head(folder, "llamacpp", tmp_path / "o", target_gguf=llama_target_gguf)
+    assert result.head_type == "draft_model" and result.files == ["README.md", "draft.gguf", "specgraft_export.json"]
+    meta, tensors = read_gguf(result.path / "draft.gguf")
+    assert meta["general.architecture"] == "llama" and meta["llama.block_count"] == 1
+    state = student.state_dict()
+    assert torch.equal(tensors["blk.0.attn_k.weight"],
+                       permute_qk(state["model.layers.0.self_attn.k_proj.weight"], student.config.num_key_value_heads))
+    assert torch.equal(tensors["token_embd.weight"], state["model.embed_tokens.weight"])
+    fields = gguf.GGUFReader(str(result.path / "draft.gguf")).fields
+    for key, value, _, _ in read_target_gguf(llama_target_gguf).tokenizer_fields:
+        assert fields[key].contents() == value, key
+    assert "--spec-type draft-simple" in (result.path / "README.md").read_text()
+    deeper = save_target_gguf(save_tiny_target(tmp_path / "deeper", num_hidden_layers=5), tmp_path / "deeper.gguf")
+    with pytest.raises(SpecgraftError, match="not the target this draft was distilled for: it has layers 5"):
+        export_head(folder, "llamacpp", tmp_path / "o2", target_gguf=deeper)
+    assert not (tmp_path / "o2").exists()
