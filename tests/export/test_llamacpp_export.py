@@ -144,3 +144,20 @@ def test_distilled_draft_model_as_llamacpp_draft(llama_target, llama_target_gguf
     with pytest.raises(SpecgraftError, match="not the target this draft was distilled for: it has layers 5"):
         export_head(folder, "llamacpp", tmp_path / "o2", target_gguf=deeper)
     assert not (tmp_path / "o2").exists()
+
+
+def test_missing_or_other_llamacpp_build_is_named_with_the_build_command(tmp_path, monkeypatch):
+    from specgraft.export.llamacpp_engine import BINARIES, HOME_ENV, llamacpp_bin
+
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "llama.cpp"))
+    with pytest.raises(SpecgraftError, match=r"is not built in .*build it with `bash scripts/build_llamacpp.sh`"):
+        llamacpp_bin()
+    bin_dir = tmp_path / "llama.cpp" / "build" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in BINARIES:
+        (bin_dir / name).write_text("")
+    (tmp_path / "llama.cpp" / "BUILT").write_text("llama-cpp-python 0.3.20 built 2026-01-01T00:00:00Z\n")
+    with pytest.raises(SpecgraftError, match="holds the llama.cpp of llama-cpp-python 0.3.20, not the pinned 0.3.36"):
+        llamacpp_bin()
+    (tmp_path / "llama.cpp" / "BUILT").write_text("llama-cpp-python 0.3.36 built 2026-01-01T00:00:00Z\n")
+    assert llamacpp_bin() == bin_dir

@@ -87,3 +87,26 @@ def story_prompts(tinystories_path, stories_target) -> list[list[int]]:
     paragraphs = [p.strip() for p in tinystories_path.read_text(encoding="utf-8").split("\n\n") if p.strip()]
     firsts = [p.split(". ")[0] + "." for p in paragraphs[-8:]]
     return [stories_target.tokenizer(text)["input_ids"] for text in firsts]
+
+
+@pytest.fixture(scope="session")
+def distilled_draft(stories260k_dir, tinystories_path, tmp_path_factory) -> Path:
+    """recipes/distill/stories260k.yaml cut to 60 steps of 8 x 128 tokens (the recipe: 400 of 8 x 256): a
+    2-layer draft cut from the target's layers 0 and 3, good enough to be accepted often."""
+    from specgraft.config import load_recipe
+    from specgraft.distill.trainer import DistillTrainer
+
+    out = tmp_path_factory.mktemp("distill-stories")
+    recipe = load_recipe(REPO / "recipes" / "distill" / "stories260k.yaml", [
+        f"model.name_or_path={stories260k_dir}", f"data.path={tinystories_path}", f"data.cache_dir={out / 'cache'}",
+        "data.max_length=128", "data.num_samples=600", "distill.alpha_eval_every=60", "training.max_steps=60",
+        "training.checkpoint_every=60", "training.warmup_steps=5", f"output.dir={out / 'run'}",
+        "tracking.backend=none",
+    ])
+    trainer = DistillTrainer(recipe, show_progress=False)
+    trainer.setup()
+    try:
+        trainer.train()
+    finally:
+        trainer.cleanup()
+    return out / "run" / "draft"
