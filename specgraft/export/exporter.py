@@ -433,10 +433,10 @@ def _is_distilled_draft(folder: Path) -> bool:
 def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: str | Path | None,
                         speculative_tokens: int | None) -> ExportResult:
     """A distilled draft model as llama.cpp's ``-md`` GGUF, with the target GGUF's tokenizer."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specgraft.distill.output import read_draft_meta
-    from specgraft.export.llamacpp import DRAFT_FILE, read_target_gguf, write_draft_model_gguf
+    from specgraft.export.llamacpp import DRAFT_FILE, check_gguf_tokens, read_target_gguf, write_draft_model_gguf
 
     meta = read_draft_meta(folder)
     _check_destination(out, folder, overwrite)
@@ -449,6 +449,8 @@ def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: s
     if wrong:
         raise SpecgraftError(f"--target-gguf {target.path} is not the target this draft was distilled for: it has "
                              f"{', '.join(wrong)}; pass the GGUF of that target")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    notes = check_gguf_tokens(target, [str(t) for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))])
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     n = int(speculative_tokens or DEFAULT_SPECULATIVE_TOKENS)
     export_meta = {"specgraft_export_version": EXPORT_VERSION, "format": "llamacpp", "head_type": "draft_model",
@@ -465,7 +467,8 @@ def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: s
         write_draft_model_gguf(model, target, tmp / DRAFT_FILE, f"{recorded.name_or_path} draft")
         (tmp / EXPORT_META_NAME).write_text(json.dumps(export_meta, indent=2, default=str) + "\n", encoding="utf-8")
         (tmp / CARD_NAME).write_text(card, encoding="utf-8")
-    return ExportResult(out, "llamacpp", "draft_model", sorted([DRAFT_FILE, EXPORT_META_NAME, CARD_NAME]))
+    return ExportResult(out, "llamacpp", "draft_model", sorted([DRAFT_FILE, EXPORT_META_NAME, CARD_NAME]),
+                        notes=notes)
 
 
 def _target_gguf_path(target_gguf: str | Path | None, recorded: str) -> str | Path:

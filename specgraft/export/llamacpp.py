@@ -117,6 +117,11 @@ def check_target_gguf(target: TargetGGUF, config: Any, tokenizer_tokens: Sequenc
     if wrong:
         raise SpecgraftError(f"--target-gguf {target.path} is not this head's target: it has {', '.join(wrong)}; "
                              "pass the GGUF of the model the head was trained on")
+    return check_gguf_tokens(target, tokenizer_tokens)
+
+
+def check_gguf_tokens(target: TargetGGUF, tokenizer_tokens: Sequence[str] | None) -> list[str]:
+    """Refuse a target GGUF whose token strings differ from the tokenizer's (by id); returns notes."""
     if tokenizer_tokens is None:
         return [f"the target's tokenizer is not available here, so {target.path.name}'s tokenizer was checked by its "
                 "size only"]
