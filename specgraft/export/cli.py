@@ -1,4 +1,4 @@
-"""Export a head for vLLM, SGLang or TensorRT-LLM.
+"""Export a head for vLLM, SGLang, TensorRT-LLM or llama.cpp.
 
 ``specgraft export HEAD_DIR --format F --out DIR`` writes a folder the engine serves as is (safetensors weights,
 ``config.json`` consistent with the target), plus a ``README.md`` model card and ``specgraft_export.json``.
