@@ -188,7 +188,8 @@ def main() -> int:
         "engine": "llama.cpp of llama-cpp-python 0.3.36 (ggml-org/llama.cpp@0c1e57098), CPU build",
         "bin": str(bin_dir), "target_gguf": Path(target).name, "head": str(args.head) if args.head else None,
         "head_note": args.head_note, "threads": args.threads, "new_tokens": args.new_tokens,
-        "prompts": len(prompts), "prompts_per_domain": args.prompts_per_domain, "chains": chains,
+        "prompts": len(prompts), "prompts_per_domain": args.prompts_per_domain,
+        "chains": chains if args.head is not None else [],
         "ngram": f"ngram-simple, --spec-draft-n-max {args.ngram_max}",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(["python", "benchmarks/bench_llamacpp.py", *sys.argv[1:]]),
@@ -199,9 +200,10 @@ def main() -> int:
     print(f"{'config':<12} {'tok/s':>7} {'speedup':>8} {'cpu ms/tok':>10} {'cpu ratio':>9} {'tau':>6} "
           f"{'break-even':>10}  accept/pos  identical")
     for name, r in results["configs"].items():
+        even = f"{r['break_even_tau']:.2f}" if r.get("break_even_tau") is not None else "-"
         print(f"{name:<12} {r['tokens_per_s'] or 0:>7.1f} {r.get('speedup', 1.0):>8.2f} "
               f"{r['cpu_ms_per_token'] or 0:>10.2f} {r.get('cpu_ratio', 1.0):>9.2f} {r['tau'] or 1.0:>6.2f} "
-              f"{r.get('break_even_tau') or 0:>10.2f}  {r['acceptance_per_position']}  {r['identical_to_plain']}")
+              f"{even:>10}  {r['acceptance_per_position']}  {r['identical_to_plain']}")
     print(f"wrote {args.out}")
     return 0
 
