@@ -39,5 +39,5 @@ jobs="$(nproc 2>/dev/null || echo 2)"
 nice -n 19 cmake -S "$src" -B "$home/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
   -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF >&2
 nice -n 19 cmake --build "$home/build" --config Release -j "$jobs" --target "${targets[@]}" >&2
-date -u +%FT%TZ > "$stamp"
+echo "llama-cpp-python $version built $(date -u +%FT%TZ)" > "$stamp"
 echo "$bin"

@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("specgraft.eval.simulate", "Predict tau and speedup for another setting from closed forms."),
     "profile": ("specgraft.eval.cost", "Measure this device's cost of verifying N tokens and of each drafter."),
     "tune": ("specgraft.eval.tune", "Choose the fastest tree/draft length for this device and confirm it."),
-    "export": ("specgraft.export.cli", "Export a head for vLLM, SGLang or TensorRT-LLM."),
+    "export": ("specgraft.export.cli", "Export a head for vLLM, SGLang, TensorRT-LLM or llama.cpp."),
     "push": ("specgraft.export.push", "Upload an exported head folder to the Hugging Face Hub."),
     "regenerate": ("specgraft.data.regenerate", "Rewrite assistant turns with the target (self-distillation data)."),
     "convert-llama2c": ("specgraft.llama2c", "Convert a llama2.c checkpoint + tokenizer to a transformers folder."),

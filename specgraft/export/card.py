@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-FORMAT_TAGS = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt-llm", "native": "specgraft"}
-FORMAT_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "native": "specgraft (native)"}
+FORMAT_TAGS = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt-llm", "llamacpp": "gguf",
+               "native": "specgraft"}
+FORMAT_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp (GGUF)",
+                "native": "specgraft (native)"}
 
 #: An ``ORG/NAME`` Hub repo id.
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
@@ -123,7 +125,8 @@ def _about(meta: Mapping[str, Any], head_type: str, text: Any, base: str, fmt: s
         f"{target.get('num_hidden_layers', '?')} layers, hidden size {target.get('hidden_size', '?')}, vocabulary "
         f"{target.get('vocab_size', '?')}) verifies every proposal, so outputs are the target's own (lossless); "
         "the draft changes only the speed.", "",
-        f"Files are in the **{FORMAT_NAMES.get(fmt, fmt)}** layout (safetensors).", "",
+        f"Files are in the **{FORMAT_NAMES.get(fmt, fmt)}** layout "
+        f"({'one GGUF file' if fmt == 'llamacpp' else 'safetensors'}).", "",
     ]
 
 
@@ -206,11 +209,35 @@ def _serving(meta: Mapping[str, Any], head_type: str, text: Any, base: str, fmt:
                   f"  {flags}",
                   "```", "", "SGLang counts the root token in `--speculative-num-draft-tokens`; vLLM's "
                   "`num_speculative_tokens` does not.", ""]
+    lines += _llamacpp_lines(meta, text, fmt, where)
     if fmt == "trtllm" and text is not None and text.trtllm_lines is not None:
         trt = engines.get("trtllm") or {}
         lines += ["### TensorRT-LLM", ""]
         lines += text.trtllm_lines(cfg, base, where, trt, int(trt.get("max_draft_len", EXAMPLE_DRAFT_TOKENS)))
     return lines
+
+
+def _llamacpp_lines(meta: Mapping[str, Any], text: Any, fmt: str, where: str) -> list[str]:
+    """The llama.cpp serve command (``llama-server -md``) of a family llama.cpp serves."""
+    spec_type = text.llamacpp_spec_type if text is not None else None
+    if spec_type is None:
+        return []
+    lines = ["### llama.cpp", ""]
+    info = meta.get("llamacpp") or {}
+    if fmt != "llamacpp":
+        return lines + ["Export with `--format llamacpp --target-gguf TARGET.gguf` first: llama.cpp reads one GGUF "
+                        "draft that carries the target's tokenizer. Do not convert the sglang folder with llama.cpp's "
+                        "own converter: it ignores `eagle_config.eagle_aux_hidden_state_layer_ids` and silently "
+                        "falls back to default layers.", ""]
+    n = int(info.get("draft_tokens") or EXAMPLE_DRAFT_TOKENS)
+    target = info.get("target_gguf") or "TARGET.gguf"
+    draft = f"{where}/{info.get('draft_file', 'draft.gguf')}"
+    return lines + ["Serve with the target GGUF this draft was exported for "
+                    f"(`{target}`, whose tokenizer it carries):", "",
+                    "```bash", f"llama-server -m {target} -md {draft} --spec-type {spec_type} \\",
+                    f"  --spec-draft-n-max {n} --spec-draft-p-min 0", "```", "",
+                    "`--spec-draft-n-max` is the draft length (chain); `--spec-draft-p-min 0` drafts the full length "
+                    "(raise it to stop a chain at low draft confidence).", ""]
 
 
 def _training(meta: Mapping[str, Any], recipe: Mapping[str, Any] | None) -> list[str]:

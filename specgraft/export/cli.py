@@ -1,9 +1,10 @@
-"""Export a head for vLLM, SGLang or TensorRT-LLM.
+"""Export a head for vLLM, SGLang, TensorRT-LLM or llama.cpp.
 
 ``specgraft export HEAD_DIR --format F --out DIR`` writes a folder the engine serves as is (safetensors weights,
 ``config.json`` consistent with the target), plus a ``README.md`` model card and ``specgraft_export.json``.
 
-Formats: ``vllm`` (Medusa: MedusaModel; EAGLE-1: EagleLlamaForCausalLM; EAGLE-3: speculators layout, so
+Formats: ``llamacpp`` (EAGLE-3: one GGUF, ``draft.gguf``, for ``llama-server -md ... --spec-type draft-eagle3``;
+needs ``--target-gguf``), ``vllm`` (Medusa: MedusaModel; EAGLE-1: EagleLlamaForCausalLM; EAGLE-3: speculators layout, so
 ``vllm serve DIR`` needs no flags), ``sglang`` (EAGLE-1, EAGLE-3), ``trtllm`` (Medusa: FasterDecoding layout for
 the Medusa converter; EAGLE-3: PyTorch backend), ``native`` (specgraft's own folder). vLLM exports of EAGLE heads
 get ``-eagle-1`` / ``-eagle3`` appended to the folder name when it lacks the marker vLLM's name detection needs
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", required=True, choices=FORMATS,
                         help="Target layout; a format that cannot hold the head's family is refused, naming the "
                              "formats that can (medusa: vllm, trtllm; eagle: vllm, sglang; eagle3: vllm, sglang, "
-                             "trtllm; dflash: vllm; native holds every family).")
+                             "trtllm, llamacpp; dflash: vllm, sglang; native holds every family).")
     parser.add_argument("--out", required=True, metavar="DIR", help="Output folder (created; must be empty).")
     parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty output folder.")
     parser.add_argument("--target", metavar="PATH",
@@ -47,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Draft length written into EAGLE-3's speculators_config (vllm format; default: the "
                              f"tuned depth from the head's tuned.json, else {DEFAULT_SPECULATIVE_TOKENS}).")
     parser.add_argument("--license", default="other", help="License field of the model card (a Hub license id).")
+    parser.add_argument("--target-gguf", metavar="T.gguf",
+                        help="llamacpp format: the target's GGUF as llama.cpp serves it; its tokenizer is copied into "
+                             "the draft and its sizes and tokens must match the head's target (default: the "
+                             "recorded target when it is a .gguf file).")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     result = export_head(
         args.head_dir, args.format, args.out, target=args.target, overwrite=args.overwrite, report=args.report,
         repo_id=args.repo_id, base_model=args.base_model, dtype=args.dtype, keep_name=args.keep_name,
-        speculative_tokens=args.speculative_tokens, license=args.license,
+        speculative_tokens=args.speculative_tokens, license=args.license, target_gguf=args.target_gguf,
     )
     print(f"exported the {result.head_type} head as {result.format} to {result.path}")
     for name in result.files:

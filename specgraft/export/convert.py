@@ -275,8 +275,8 @@ def to_engine(head_type: str, fmt: str, state: Mapping[str, torch.Tensor], meta:
     exporter = engine_exporter(head_type, fmt)
     ckpt = exporter.to_engine(fmt, state, meta["config"], info, base_model, speculative_tokens)
     ckpt.tensors = _cast(ckpt.tensors, dtype)
-    dtype_name = str(dtype or _state_dtype(state)).replace("torch.", "")
-    _set_dtype(ckpt.config, dtype_name)
+    if exporter.container == "safetensors":  # a GGUF's tensors carry their own types
+        _set_dtype(ckpt.config, str(dtype or _state_dtype(state)).replace("torch.", ""))
     expected = ckpt.expected if ckpt.expected is not None else expected_tensors(head_type, fmt, ckpt.dims)
     check_tensors(ckpt.tensors, expected, f"the {fmt} export")
     return ckpt

@@ -300,6 +300,7 @@ def export_head(
     keep_name: bool = False,
     speculative_tokens: int | None = None,
     license: str = "other",
+    target_gguf: str | Path | None = None,
 ) -> ExportResult:
     """Export the head saved in ``head_dir`` as ``fmt`` (vllm | sglang | trtllm | native) into ``out``.
 
@@ -317,8 +318,16 @@ def export_head(
         speculative_tokens: draft length written into EAGLE-3's speculators_config (default: the tuned depth
             from the head's ``tuned.json``, else 3).
         license: the card's license field.
+        target_gguf: the target's GGUF as llama.cpp serves it (``llamacpp`` format: its tokenizer is copied into
+            the draft and its sizes and tokens are checked against the head's target); default: the recorded
+            target when that is a ``.gguf`` file.
     """
     head_dir = Path(head_dir)
+    if _is_distilled_draft(head_dir):
+        if fmt != "llamacpp":
+            raise SpecgraftError(f"{head_dir} is a distilled draft model (a plain transformers model): vLLM and SGLang "
+                                 "load the folder itself as a draft model, so only --format llamacpp converts it")
+        return _export_draft_model(head_dir, Path(out), overwrite, target_gguf, speculative_tokens)
     meta = read_head_config(head_dir)
     head_type = meta["head_type"]
     require_supported(head_type, fmt)
@@ -342,10 +351,13 @@ def export_head(
         warnings.append(f"{head_dir / TUNED_NAME} found no drafting setting faster than plain decoding on "
                         f"{device.get('device')} ({device.get('device_name')}, {device.get('dtype')}); the export "
                         "carries the engines' default draft lengths: re-run `specgraft tune` on the serving device")
-    local_warning = local_base_model_warning(base) if fmt != "native" else None
+    container = engine_exporter(head_type, fmt).container if fmt != "native" else None
+    llamacpp_target, llamacpp_notes = (_llamacpp_target(target_gguf, meta, info) if container == "gguf"
+                                       else (None, []))
+    local_warning = local_base_model_warning(base) if fmt not in ("native", "llamacpp") else None
     if local_warning is not None:
         warnings.append(local_warning)
-    notes: list[str] = []
+    notes: list[str] = list(llamacpp_notes)
     if (head_dir / ADAPTER_DIR).is_dir() and fmt != "native":
         warnings.append("this is a Medusa-2 head trained with a LoRA adapter on the target: serve it with the "
                         "adapter MERGED into the target (peft merge_and_unload), not with the base target")
@@ -369,11 +381,19 @@ def export_head(
             notes += ckpt.notes
             apply_tuned(ckpt.config, head_type, fmt, engines)
             weights_name = engine_exporter(head_type, fmt).weights_file
-            save_file({k: v.contiguous() for k, v in ckpt.tensors.items()}, str(tmp / weights_name),
-                      metadata={"format": "pt"})
-            _verify_written(tmp / weights_name, ckpt.tensors)
-            (tmp / CONFIG_NAME).write_text(json.dumps(ckpt.config, indent=2) + "\n", encoding="utf-8")
-            files += [weights_name, CONFIG_NAME]
+            if llamacpp_target is not None:
+                from specgraft.export.llamacpp import write_gguf
+
+                write_gguf(tmp / weights_name, _gguf_arch(ckpt.config), {"general.name": f"{base} {head_type} draft",
+                                                                       **ckpt.config},
+                           ckpt.tensors, llamacpp_target.tokenizer_fields)
+                files.append(weights_name)
+            else:
+                save_file({k: v.contiguous() for k, v in ckpt.tensors.items()}, str(tmp / weights_name),
+                          metadata={"format": "pt"})
+                _verify_written(tmp / weights_name, ckpt.tensors)
+                (tmp / CONFIG_NAME).write_text(json.dumps(ckpt.config, indent=2) + "\n", encoding="utf-8")
+                files += [weights_name, CONFIG_NAME]
         plots = _copy_plots(report_dict, report_root, tmp, warnings)
         files += plots.values()
         if report_dict is not None:  # the card links only the plots that were copied
@@ -392,6 +412,9 @@ def export_head(
                        "predicted": tuned.get("predicted"), "measured": tuned.get("measured"), "engines": engines,
                        "speculative_tokens": speculative_tokens} if tuned is not None else None),
         }
+        if llamacpp_target is not None:
+            export_meta["llamacpp"] = {"target_gguf": llamacpp_target.path.name, "draft_file": weights_name,
+                                       "draft_tokens": speculative_tokens}
         (tmp / EXPORT_META_NAME).write_text(json.dumps(export_meta, indent=2, default=str) + "\n", encoding="utf-8")
         files.append(EXPORT_META_NAME)
         (tmp / CARD_NAME).write_text(card_from_export_meta(export_meta, repo_id, local_path=final), encoding="utf-8")
@@ -399,6 +422,98 @@ def export_head(
     for message in warnings:
         logger.warning("%s", message)
     return ExportResult(final, fmt, head_type, sorted(files), warnings, notes)
+
+
+def _is_distilled_draft(folder: Path) -> bool:
+    from specgraft.distill.output import DRAFT_META
+
+    return (folder / DRAFT_META).is_file() and not (folder / HEAD_CONFIG_NAME).is_file()
+
+
+def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: str | Path | None,
+                        speculative_tokens: int | None) -> ExportResult:
+    """A distilled draft model as llama.cpp's ``-md`` GGUF, with the target GGUF's tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specgraft.distill.output import read_draft_meta
+    from specgraft.export.llamacpp import DRAFT_FILE, check_gguf_tokens, read_target_gguf, write_draft_model_gguf
+
+    meta = read_draft_meta(folder)
+    _check_destination(out, folder, overwrite)
+    recorded = TargetIdentity.from_dict(meta["target"])
+    target = read_target_gguf(_target_gguf_path(target_gguf, recorded.name_or_path))
+    wrong = [f"{what} {found} (the draft's target has {want})" for what, found, want in (
+        ("layers", target.block_count, recorded.num_hidden_layers), ("hidden size", target.hidden_size,
+                                                                    recorded.hidden_size),
+        ("vocabulary", len(target.tokens), recorded.vocab_size)) if found != want]
+    if wrong:
+        raise SpecgraftError(f"--target-gguf {target.path} is not the target this draft was distilled for: it has "
+                             f"{', '.join(wrong)}; pass the GGUF of that target")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    notes = check_gguf_tokens(target, [str(t) for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))])
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    n = int(speculative_tokens or DEFAULT_SPECULATIVE_TOKENS)
+    export_meta = {"specgraft_export_version": EXPORT_VERSION, "format": "llamacpp", "head_type": "draft_model",
+                   "draft": meta, "llamacpp": {"target_gguf": target.path.name, "draft_file": DRAFT_FILE,
+                                               "draft_tokens": n}}
+    card = "\n".join([
+        f"# Distilled draft model for {recorded.name_or_path} (llama.cpp GGUF)", "",
+        f"A {model.config.num_hidden_layers}-layer draft model distilled by specgraft; it carries the tokenizer of "
+        f"`{target.path.name}`, so llama.cpp accepts it as that target's draft.", "",
+        "```bash", f"llama-server -m {target.path.name} -md {out}/{DRAFT_FILE} --spec-type draft-simple \\",
+        f"  --spec-draft-n-max {n} --spec-draft-p-min 0", "```", ""])
+    with atomic_path(out) as tmp:
+        tmp.mkdir(parents=True)
+        write_draft_model_gguf(model, target, tmp / DRAFT_FILE, f"{recorded.name_or_path} draft")
+        (tmp / EXPORT_META_NAME).write_text(json.dumps(export_meta, indent=2, default=str) + "\n", encoding="utf-8")
+        (tmp / CARD_NAME).write_text(card, encoding="utf-8")
+    return ExportResult(out, "llamacpp", "draft_model", sorted([DRAFT_FILE, EXPORT_META_NAME, CARD_NAME]),
+                        notes=notes)
+
+
+def _target_gguf_path(target_gguf: str | Path | None, recorded: str) -> str | Path:
+    """``--target-gguf``, else the recorded target when it is a ``.gguf`` file here; refused otherwise."""
+    from specgraft.gguf import is_gguf_path
+
+    if target_gguf is None and is_gguf_path(recorded) and Path(recorded).expanduser().is_file():
+        target_gguf = recorded
+    if target_gguf is None:
+        raise SpecgraftError("the llamacpp format needs the target's GGUF (llama.cpp copies its tokenizer into the "
+                             "draft and serves the target from it): pass --target-gguf TARGET.gguf, converted with "
+                             "llama.cpp's convert_hf_to_gguf.py")
+    return target_gguf
+
+
+def _gguf_arch(metadata: dict[str, Any]) -> str:
+    """The architecture a draft's GGUF metadata is prefixed with (``eagle3.block_count`` -> ``eagle3``)."""
+    return next(iter(metadata)).split(".", 1)[0]
+
+
+def _llamacpp_target(target_gguf: str | Path | None, meta: dict[str, Any], info: TargetInfo) -> tuple[Any, list[str]]:
+    """The target GGUF a llama.cpp draft is written for (its tokenizer goes into the draft), checked against the
+    head's target; refused in one line when absent or another model's."""
+    from specgraft.export.llamacpp import check_target_gguf, read_target_gguf
+
+    target = read_target_gguf(_target_gguf_path(target_gguf, str(meta["target"]["name_or_path"])))
+    return target, check_target_gguf(target, info.config, _target_tokens(info))
+
+
+def _target_tokens(info: TargetInfo) -> list[str] | None:
+    """The head's target tokenizer's token strings by id (None when no tokenizer is available here)."""
+    from transformers import AutoTokenizer
+
+    from specgraft.gguf import resolve_model_path
+
+    tokenizer = info.real.tokenizer if info.real is not None else None
+    if tokenizer is None:
+        local = Path(resolve_model_path(info.name_or_path)).expanduser()
+        if not local.is_dir():
+            return None
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(local))
+        except (OSError, ValueError):
+            return None
+    return [str(t) for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))]
 
 
 def recorded_base_model(name_or_path: str) -> str:
@@ -430,7 +545,7 @@ def card_from_export_meta(export_meta: dict[str, Any], repo_id: str | None, loca
 
     head_meta = dict(export_meta["head"], base_model=export_meta.get("base_model"),
                      license=export_meta.get("license", "other"), export_notes=export_meta.get("notes", []),
-                     tuned=export_meta.get("tuned"))
+                     tuned=export_meta.get("tuned"), llamacpp=export_meta.get("llamacpp"))
     if local_path is not None:
         head_meta["local_path"] = str(local_path)
     return render_model_card(head_meta, export_meta.get("recipe"), export_meta.get("report"), export_meta["format"],
@@ -519,17 +634,23 @@ def load_export(path: str | Path, target: Target) -> DraftHead:
     if fmt == "native":
         return load_head(target, path)
     TargetIdentity.from_dict(meta["target"]).require_compatible(target.identity, what=f"{head_type} export")
+    exporter = engine_exporter(head_type, fmt)
     config_file = path / CONFIG_NAME
-    weights = path / engine_exporter(head_type, fmt).weights_file
-    for file in (config_file, weights):
+    weights = path / exporter.weights_file
+    for file in (config_file, weights) if exporter.container == "safetensors" else (weights,):
         if not file.is_file():
             raise SpecgraftError(f"{path} lacks {file.name}; the export is incomplete, re-export the head")
-    engine_config = json.loads(config_file.read_text(encoding="utf-8"))
+    if exporter.container == "gguf":
+        from specgraft.export.llamacpp import read_gguf
+
+        engine_config, tensors = read_gguf(weights)
+    else:
+        engine_config = json.loads(config_file.read_text(encoding="utf-8"))
+        tensors = load_file(str(weights))
     _check_engine_config(engine_config, head_type, fmt, target)
     # Built first (the engine reader needs the tensors it must produce), then loaded as rebuild_head loads.
     cls, config = head_config_from_dict(head_type, meta["config"], f"{path}/{EXPORT_META_NAME}")
     head = cls(config, target)
-    tensors = load_file(str(weights))
     lm_head = target.output_head.weight.detach().cpu()  # for families that borrow it (Medusa's shared lm_head)
     state = from_engine(head_type, fmt, tensors, engine_config, meta["config"], head.state_dict(), lm_head)
     try:

@@ -36,7 +36,7 @@ import torch
 from specgraft.errors import SpecgraftError
 
 #: Every export format, in the order the CLI lists them.
-FORMATS: tuple[str, ...] = ("vllm", "sglang", "trtllm", "native")
+FORMATS: tuple[str, ...] = ("vllm", "sglang", "trtllm", "llamacpp", "native")
 
 @dataclass(frozen=True)
 class Dims:

@@ -61,6 +61,9 @@ class EngineExporter:
     architectures: tuple[str, ...] = ()
     """The ``architectures`` this layout's config names when they are the family's own (SGLang's
     ``DFlashDraftModel``): another family's reader of the same format refuses an export that names them."""
+    container: str = "safetensors"
+    """``safetensors`` (weights file + ``config.json``) or ``gguf`` (llama.cpp: one GGUF file holding the tensors,
+    the config as GGUF metadata and the target's tokenizer; see :mod:`specgraft.export.llamacpp`)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,8 @@ class CardText:
     trtllm_lines: Callable[..., list[str]] | None = None
     """``(head config, base, where, tuned engine settings, max_draft_len) -> markdown lines`` for TensorRT-LLM
     (None: TensorRT-LLM does not serve it)."""
+    llamacpp_spec_type: str | None = None
+    """llama.cpp's ``--spec-type`` for the family's GGUF draft (None: llama.cpp does not serve it)."""
 
 
 @dataclass(frozen=True)

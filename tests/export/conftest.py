@@ -8,12 +8,18 @@ import pytest
 
 from specgraft.target import Target
 
-from .helpers import HEAD_CONFIGS, make_head, save_tiny_target
+from .helpers import HEAD_CONFIGS, make_head, save_target_gguf, save_tiny_target
 
 
 @pytest.fixture(scope="module")
 def llama_target(tmp_path_factory) -> Target:
     return save_tiny_target(tmp_path_factory.mktemp("target") / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def llama_target_gguf(llama_target, tmp_path_factory) -> Path:
+    """The tiny llama target as a llama.cpp GGUF (for the llamacpp format's --target-gguf)."""
+    return save_target_gguf(llama_target, tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf")
 
 
 @pytest.fixture(scope="module")

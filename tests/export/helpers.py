@@ -27,6 +27,19 @@ def save_tiny_target(folder: Path, arch: str = "llama", **overrides) -> Target:
     return load_target(folder)
 
 
+def save_target_gguf(target: Target, path: Path) -> Path:
+    """``target`` as llama.cpp's ``llama`` GGUF with its tokenizer's token strings (what ``--target-gguf`` reads)."""
+    from specgraft.export.llamacpp import write_target_gguf
+
+    tokens = target.tokenizer.convert_ids_to_tokens(list(range(len(target.tokenizer))))
+    return write_target_gguf(target.model, tokens, path)
+
+
+def export_kwargs(fmt: str, target_gguf: Path) -> dict:
+    """What ``export_head`` needs besides the format: the target GGUF for llama.cpp."""
+    return {"target_gguf": target_gguf} if fmt == "llamacpp" else {}
+
+
 def make_head(target: Target, head_type: str, seed: int = 0, **overrides):
     """A head of ``head_type`` on ``target`` with every weight perturbed (and a data-chosen EAGLE-3 vocab)."""
     cls = head_class(head_type)

@@ -13,7 +13,7 @@ from specgraft.export import export_head, load_export, read_export_meta, support
 from specgraft.export.target_info import rope_fields
 from specgraft.heads.base import load_head
 
-from .helpers import HEAD_CONFIGS, head_outputs, make_head, save_tiny_target
+from .helpers import HEAD_CONFIGS, export_kwargs, head_outputs, make_head, save_tiny_target
 
 PAIRS = [(head, fmt) for head, fmts in supported_formats().items() if head in HEAD_CONFIGS for fmt in fmts]
 
@@ -36,13 +36,19 @@ EXPECTED_NAMES = {
                            "d2t", "t2d"},
     ("eagle3", "trtllm"): {"fc.weight", *[n.format(p="midlayer") for n in _MID], "norm.weight", "lm_head.weight",
                            "d2t"},
+    # llama.cpp's eagle3 tensors (src/models/eagle3.cpp): no t2d, no embeddings.
+    ("eagle3", "llamacpp"): {"fc.weight", *[f"blk.0.{n}.weight" for n in (
+        "attn_norm", "attn_norm_2", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
+        "ffn_down")], "output_norm.weight", "output.weight", "d2t"},
     ("medusa", "native"): {"blocks.0.layers.0.weight", "blocks.0.layers.0.bias", "blocks.1.layers.0.weight",
                            "blocks.1.layers.0.bias", "lm_heads.0.weight", "lm_heads.1.weight"},
 }
 
 
 def _weight_names(folder):
-    names = set()
+    from specgraft.export.llamacpp import read_gguf
+
+    names = {name for file in folder.glob("*.gguf") for name in read_gguf(file)[1]}
     for file in folder.glob("*.safetensors"):
         with safe_open(str(file), framework="pt") as fh:
             names.update(fh.keys())
@@ -50,9 +56,9 @@ def _weight_names(folder):
 
 
 @pytest.mark.parametrize("head_type,fmt", PAIRS)
-def test_export_names_config_and_round_trip(head_type, fmt, llama_target, saved_heads, tmp_path):
+def test_export_names_config_and_round_trip(head_type, fmt, llama_target, llama_target_gguf, saved_heads, tmp_path):
     head_dir = saved_heads[head_type]
-    result = export_head(head_dir, fmt, tmp_path / f"tiny-{head_type}-{fmt}")
+    result = export_head(head_dir, fmt, tmp_path / f"tiny-{head_type}-{fmt}", **export_kwargs(fmt, llama_target_gguf))
     out = result.path
     assert (out / "README.md").is_file() and (out / "specgraft_export.json").is_file()
     assert read_export_meta(out)["format"] == fmt
@@ -67,7 +73,7 @@ def test_export_names_config_and_round_trip(head_type, fmt, llama_target, saved_
                                rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("head_type,fmt", [p for p in PAIRS if p[0] != "medusa" and p[1] != "native"])
+@pytest.mark.parametrize("head_type,fmt", [p for p in PAIRS if p[0] != "medusa" and p[1] not in ("native", "llamacpp")])
 def test_eagle_configs_match_the_target(head_type, fmt, llama_target, saved_heads, tmp_path):
     out = export_head(saved_heads[head_type], fmt, tmp_path / "x", base_model="org/tiny-llama").path
     config = json.loads((out / "config.json").read_text())

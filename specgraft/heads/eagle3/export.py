@@ -1,11 +1,14 @@
 """EAGLE-3's engine layouts (speculators / vLLM ``Eagle3LlamaForCausalLM``, SGLang ``LlamaForCausalLMEagle3``,
-TensorRT-LLM's PyTorch backend) and card text.
+TensorRT-LLM's PyTorch backend, llama.cpp's ``eagle3`` GGUF architecture) and card text.
 
 Sources (checked facts, see ``specgraft/export/FORMATS.md``): the speculators layout (vLLM and the speculators
 package) is ``fc``, ``layers.0.*`` (2h-wide q/k/v, ``hidden_norm``), ``layers.{j}.*`` plain Llama layers,
 ``norm``, ``lm_head``, ``d2t``, ``t2d``; SGLang and TensorRT-LLM have the same with ``midlayer.`` instead of
 ``layers.0.``, one layer only; TensorRT-LLM has ``d2t`` only when the draft vocabulary is smaller than the
-target's and no ``t2d``.
+target's and no ``t2d``. llama.cpp (``src/models/eagle3.cpp`` of the pinned tree, see
+:mod:`specgraft.export.llamacpp`): ``fc``, ``blk.0.{attn_norm,attn_norm_2,attn_q,attn_k,attn_v,attn_output,ffn_norm,
+ffn_gate,ffn_up,ffn_down}``, ``output_norm``, ``output``, ``d2t`` (int64 absolute target ids); one layer, no biases,
+q/k rows permuted for its interleaved RoPE, embeddings taken from the target.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from specgraft.export.convert import (
     refuse_leftovers,
 )
 from specgraft.export.layouts import TensorRule, llama_layer
-from specgraft.export.target_info import TargetInfo, llama_draft_config
+from specgraft.export.llamacpp import permute_qk, unpermute_qk
+from specgraft.export.target_info import TargetInfo, llama_draft_config, rope_fields
 from specgraft.heads.registry import CardText, EngineExporter
 
 #: EAGLE-3 default number of fused target layers (the engines' fc is sized for exactly this many).
@@ -62,6 +66,30 @@ TRTLLM_LAYOUT = (
     *TAIL,
     TensorRule("d2t", ("draft_vocab",), when="draft_vocab_smaller", dtype="int64"),
 )
+#: llama.cpp's names for our midlayer's tensors (``blk.0.`` + name + ``.weight``).
+LLAMACPP_LAYER = {
+    "input_layernorm": "attn_norm", "hidden_norm": "attn_norm_2", "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+LLAMACPP_LAYOUT = (
+    TensorRule("fc.weight", ("hidden", "num_features*hidden")),
+    TensorRule("blk.0.attn_norm.weight", ("hidden",)),
+    TensorRule("blk.0.attn_norm_2.weight", ("hidden",)),
+    TensorRule("blk.0.attn_q.weight", ("q_size", "2*hidden")),
+    TensorRule("blk.0.attn_k.weight", ("kv_size", "2*hidden")),
+    TensorRule("blk.0.attn_v.weight", ("kv_size", "2*hidden")),
+    TensorRule("blk.0.attn_output.weight", ("hidden", "q_size")),
+    TensorRule("blk.0.ffn_norm.weight", ("hidden",)),
+    TensorRule("blk.0.ffn_gate.weight", ("intermediate", "hidden")),
+    TensorRule("blk.0.ffn_up.weight", ("intermediate", "hidden")),
+    TensorRule("blk.0.ffn_down.weight", ("hidden", "intermediate")),
+    TensorRule("output_norm.weight", ("hidden",)),
+    TensorRule("output.weight", ("draft_vocab", "hidden")),
+    TensorRule("d2t", ("draft_vocab",), dtype="int64"),
+)
+LLAMACPP_ARCH = "eagle3"
 
 
 def to_engine(fmt: str, state: Mapping[str, torch.Tensor], cfg: Mapping[str, Any], info: TargetInfo,
@@ -70,6 +98,8 @@ def to_engine(fmt: str, state: Mapping[str, torch.Tensor], cfg: Mapping[str, Any
     layers = int(cfg["num_layers"])
     feature_layers = [int(i) for i in cfg["feature_layers"]]
     check_feature_layers(feature_layers, info.num_layers, fmt)
+    if fmt == "llamacpp":
+        return to_llamacpp(state, cfg, info, feature_layers)
     if layers != 1 and fmt != "vllm":
         raise SpecgraftError(f"the {fmt} EAGLE-3 layout holds exactly one draft layer (the midlayer) but this head has "
                              f"{layers}; export it as vllm or native")
@@ -144,6 +174,8 @@ def to_engine(fmt: str, state: Mapping[str, torch.Tensor], cfg: Mapping[str, Any
 def from_engine(fmt: str, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any], cfg: Mapping[str, Any],
                 want: Mapping[str, torch.Tensor], used: set[str],
                 target_lm_head: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    if fmt == "llamacpp":
+        return from_llamacpp(tensors, config, cfg, want, used)
     names = set(want)
     state: dict[str, torch.Tensor] = {}
     for name in ("fc.weight", "fc.bias", "norm.weight", "lm_head.weight"):
@@ -167,6 +199,105 @@ def from_engine(fmt: str, tensors: Mapping[str, torch.Tensor], config: Mapping[s
         t2d = torch.zeros(vocab, dtype=torch.bool)
         t2d[torch.arange(vd) + state["d2t"]] = True
         state["t2d"] = t2d
+    return state
+
+
+def to_llamacpp(state: Mapping[str, torch.Tensor], cfg: Mapping[str, Any], info: TargetInfo,
+                feature_layers: list[int]) -> EngineCheckpoint:
+    """Our EAGLE-3 head as llama.cpp's ``eagle3`` GGUF: tensors in its names, metadata without the tokenizer
+    (copied from the target GGUF when the file is written)."""
+    layers = int(cfg["num_layers"])
+    if layers != 1:
+        raise SpecgraftError(f"llama.cpp's EAGLE-3 draft holds exactly one draft layer but this head has {layers}; "
+                             "export it as vllm or native")
+    src = SourceState(state)
+    qkv_bias, o_bias = layer_has_bias(src, "midlayer")
+    if qkv_bias or o_bias:
+        refuse_bias("llamacpp", "eagle3", "attention biases", (*BIAS_FORMATS, "native"))
+    if src.has("fc.bias"):
+        refuse_bias("llamacpp", "eagle3", "fc bias", ("trtllm", "native"))
+    rope = rope_fields(info.config)
+    if rope["rope_scaling"] is not None:
+        raise SpecgraftError(f"this target uses {rope['rope_scaling']['rope_type']} RoPE scaling, which the llamacpp "
+                             "EAGLE-3 export does not write; export it as vllm, sglang or native")
+    config = info.config
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    vd, vocab = int(cfg["draft_vocab_size"]), int(config.vocab_size)
+    dims = draft_dims(info, cfg, state, 1, False, draft_vocab=vd, num_features=len(feature_layers),
+                       draft_vocab_smaller=vd < vocab)
+    engine = layer_to_engine(src, "midlayer", "midlayer", dims, input_norm=True, hidden_norm=True)
+    tensors = {"fc.weight": src.take("fc.weight")}
+    for ours, theirs in LLAMACPP_LAYER.items():
+        weight = engine[f"midlayer.{ours}.weight"]
+        if theirs == "attn_q":
+            weight = permute_qk(weight, heads)
+        elif theirs == "attn_k":
+            weight = permute_qk(weight, kv_heads)
+        tensors[f"blk.0.{theirs}.weight"] = weight
+    tensors["output_norm.weight"] = src.take("norm.weight")
+    tensors["output.weight"] = src.take("lm_head.weight")
+    # Ours is an offset (target id = draft id + d2t); llama.cpp scatters draft logits to d2t's absolute ids.
+    tensors["d2t"] = src.take("d2t").to(torch.int64) + torch.arange(vd, dtype=torch.int64)
+    src.take("t2d")  # llama.cpp derives nothing from t2d (its converter drops it too)
+    refuse_leftovers(src, "llamacpp", "eagle3", getattr(config, "model_type", "?"))
+    head_dim = dims.q_size // heads
+    prefix = LLAMACPP_ARCH
+    metadata = {
+        f"{prefix}.context_length": int(config.max_position_embeddings),
+        f"{prefix}.embedding_length": dims.hidden,
+        f"{prefix}.block_count": 1,
+        f"{prefix}.feed_forward_length": dims.intermediate,
+        f"{prefix}.attention.head_count": heads,
+        f"{prefix}.attention.head_count_kv": kv_heads,
+        f"{prefix}.attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
+        f"{prefix}.rope.freq_base": float(rope["rope_theta"]),
+        f"{prefix}.rope.dimension_count": head_dim,
+        f"{prefix}.vocab_size": vocab,
+        # llama.cpp captures the INPUT of target layer i (common/speculative.cpp), our output_hidden_states[i].
+        f"{prefix}.target_layers": list(feature_layers),
+        f"{prefix}.target_hidden_size": dims.hidden,
+        # Our midlayer keeps the un-normed fused feature as the residual (llama.cpp's default, written explicitly).
+        f"{prefix}.norm_before_residual": False,
+    }
+    notes = [f"fused target layers {feature_layers} (output_hidden_states) are written as llama.cpp target_layers "
+             f"{feature_layers} (llama.cpp captures the input of target layer i)",
+             "the target's embedding table is not written: llama.cpp takes the target's token embeddings"]
+    return EngineCheckpoint(tensors, metadata, dims, notes)
+
+
+def from_llamacpp(tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any], cfg: Mapping[str, Any],
+                  want: Mapping[str, torch.Tensor], used: set[str]) -> dict[str, torch.Tensor]:
+    """llama.cpp's ``eagle3`` tensors back onto our head's state dict (the round trip)."""
+    prefix = LLAMACPP_ARCH
+    if config.get("general.architecture") != prefix:
+        raise SpecgraftError(f"this GGUF is a {config.get('general.architecture')!r} model, not an EAGLE-3 draft "
+                             f"({prefix!r}); load it as the head it is")
+    ids = [int(i) for i in config.get(f"{prefix}.target_layers", [])]
+    if ids != [int(i) for i in cfg["feature_layers"]]:
+        raise SpecgraftError(f"the GGUF's target_layers {ids} differ from the head's feature layers "
+                             f"{cfg['feature_layers']}; the export was edited, re-export the head")
+    heads = int(config[f"{prefix}.attention.head_count"])
+    kv_heads = int(config[f"{prefix}.attention.head_count_kv"])
+
+    def take(name: str) -> torch.Tensor:
+        used.add(name)
+        return tensors[name]
+
+    state = {"fc.weight": take("fc.weight"), "norm.weight": take("output_norm.weight"),
+             "lm_head.weight": take("output.weight")}
+    for ours, theirs in LLAMACPP_LAYER.items():
+        weight = take(f"blk.0.{theirs}.weight")
+        if theirs == "attn_q":
+            weight = unpermute_qk(weight, heads)
+        elif theirs == "attn_k":
+            weight = unpermute_qk(weight, kv_heads)
+        state[f"midlayer.{ours}.weight"] = weight
+    absolute = take("d2t").to(torch.int64)
+    state["d2t"] = absolute - torch.arange(absolute.numel(), dtype=torch.int64)
+    t2d = torch.zeros(int(want["t2d"].numel()), dtype=torch.bool)
+    t2d[absolute] = True
+    state["t2d"] = t2d
     return state
 
 
@@ -207,6 +338,8 @@ EXPORTERS = {
                            speculators_model_type="eagle3"),
     "sglang": EngineExporter("model.safetensors", SGLANG_LAYOUT, to_engine, from_engine),
     "trtllm": EngineExporter("model.safetensors", TRTLLM_LAYOUT, to_engine, from_engine),
+    "llamacpp": EngineExporter("draft.gguf", LLAMACPP_LAYOUT, to_engine, from_engine, checked_config_keys=(),
+                               container="gguf"),
 }
 CARD = CardText(title="EAGLE-3", describe=describe, vllm_method="eagle3", sglang_algorithm="EAGLE3",
-                config_is_self_contained=True, trtllm_lines=trtllm_lines)
+                config_is_self_contained=True, trtllm_lines=trtllm_lines, llamacpp_spec_type="draft-eagle3")
