@@ -272,16 +272,13 @@ class SpeculativeDecoder:
             node_tokens = tree.tokens.clamp(0, self.vocab_size - 1)  # out-of-range ids are flagged, not embedded
             ids = torch.cat([root, node_tokens]).unsqueeze(0)  # [1, n+1]
             if self.exact_rows:
-                # Row-exact attention: each row attends to its own keys in logical order, computed as one-token
-                # decoding computes them (specgraft.eval.exact_attention); no mask is needed.
+                # Row-exact attention: each row attends to its own keys in logical order through the very call
+                # one-token decoding makes (specgraft.eval.exact_attention); no mask is needed.
                 # The tree mask is passed too, so that a model whose forward does not hand keyword arguments on to
                 # its attention still verifies correctly (through sdpa), only not bit-exactly.
                 pos = mask = None
-                if structure.chain:
-                    rows = exact_attention.chain_row_keys(past, n + 1, self.device)
-                else:
-                    rows = exact_attention.row_keys(past, structure.row_paths(self.device),
-                                                    structure.row_depths(self.device))
+                rows = exact_attention.row_keys(past, structure, self.device)
+                if not structure.chain:
                     positions = structure.row_depths(self.device) + past  # [n+1]
                     key_pos = torch.cat([torch.arange(past, device=self.device), positions])
                     mask = self.layout.tree_mask(structure, past, positions, key_pos, self.dtype)
