@@ -15,6 +15,7 @@ Batch size > 1 is out of scope: a batch of prompts would accept paths of differe
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -297,7 +298,9 @@ class SpeculativeDecoder:
             # Verification is timed from the forward's call to the verdict's device read (GenerationResult's
             # verify_time_s); building the mask before it and walking the tree after it are the step's bookkeeping.
             verify_start = time.perf_counter()
-            out = self.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(needs), **layout)
+            with exact_attention.rows_one_at_a_time(self.model) if self.exact_rows else contextlib.nullcontext():
+                out = self.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(needs),
+                                 **layout)
             result.num_target_forwards += 1
             logits = out.logits[0]  # [n+1, V]
             accepted, bonus, row_alpha = self._verify(tree, structure, node_tokens, logits, result, verify_start)
