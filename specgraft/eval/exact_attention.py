@@ -251,11 +251,18 @@ def resolve_attention_kernel(choice: str, model: Any) -> str:
     return "gqa" if on_cpu and sdpa and not softcap and grouped_kv_heads(model) else "stock"
 
 
+STOCK_ATTENTION_ATTR = "specgraft_stock_attention"
+"""Instance attribute recording the attention implementation a model had before a kernel switch (what
+:func:`stock_kernels` restores for the baseline)."""
+
+
 def apply_attention_kernel(choice: str, model: Any) -> str:
     """Switch the target ``model`` to the ``--attention-kernel`` ``choice``; returns the kernel it runs."""
     choice = resolve_attention_kernel(choice, model)
     if choice == "stock":
         return choice
+    if not hasattr(model, STOCK_ATTENTION_ATTR):
+        object.__setattr__(model, STOCK_ATTENTION_ATTR, getattr(model.config, "_attn_implementation", None))
     if choice == "gqa":
         from specgraft.eval.gqa_attention import register_gqa_attention
 
@@ -375,3 +382,52 @@ def rows_one_at_a_time(model: Any) -> Iterator[None]:
     finally:
         for module in switched:
             setattr(module, ROW_BY_ROW_FLAG, False)
+
+
+def _switched_modules(model: Any) -> list[tuple[Any, type]]:
+    """Every module of ``model`` that a kernel switch gave another class, with its stock class."""
+    from torch import nn
+
+    from specgraft.eval.kernels import row_exact_linear_class, weight_major_linear_class
+
+    linear_classes = (row_exact_linear_class(), weight_major_linear_class())
+    out = []
+    for module in model.modules():
+        cls = type(module)
+        if cls in linear_classes:
+            out.append((module, nn.Linear))
+        elif hasattr(module, ROW_BY_ROW_FLAG):
+            out.append((module, cls.__bases__[0]))
+    return out
+
+
+def kernel_setting(model: Any) -> str:
+    """What ``model`` decodes with, in words: ``stock``, or its attention and linear kernels (``attention exact,
+    linear row-exact``): the name of a plain-decoding setting in reports."""
+    linears = {type(m).__name__ for m, stock in _switched_modules(model) if stock.__name__ == "Linear"}
+    attention = attention_kernel_of(model)
+    if attention == "stock" and not linears:
+        return "stock"
+    linear = "weight-major" if "WeightMajorLinear" in linears else "row-exact" if linears else "stock"
+    return f"attention {attention}, linear {linear}"
+
+
+@contextlib.contextmanager
+def stock_kernels(model: Any) -> Iterator[None]:
+    """Run ``model`` with the stock kernels for a while (transformers' own attention, ``nn.Linear``, the stock
+    activations and rotary tables): plain decoding as the user runs it without specgraft, the baseline every
+    speedup is measured against. The switched kernels come back afterwards; parameters are untouched."""
+    switched = [(module, type(module), stock) for module, stock in _switched_modules(model)]
+    kernel_impl = getattr(model.config, "_attn_implementation", None)
+    stock_impl = getattr(model, STOCK_ATTENTION_ATTR, kernel_impl)
+    for module, _, stock in switched:
+        module.__class__ = stock
+    if stock_impl != kernel_impl:
+        model.set_attn_implementation(stock_impl)
+    try:
+        yield
+    finally:
+        if stock_impl != kernel_impl:
+            model.set_attn_implementation(kernel_impl)
+        for module, kernel_class, _ in switched:
+            module.__class__ = kernel_class

@@ -272,3 +272,31 @@ def test_the_check_sees_a_row_dependent_kernel(monkeypatch):
         monkeypatch.undo()
         exact.rows_match_one_row_calls.cache_clear()
     assert exact.rows_match_one_row_calls(2, 3, 16, "bfloat16", "cpu")  # the real kernel passes
+
+
+@torch.no_grad()
+def test_activations_and_rotary_tables_compute_a_verification_row_by_row_and_nothing_else():
+    """Their vectorised transcendental functions round a row's tail elements differently alone than inside a
+    bigger call; inside a verification each row is its own call, outside (prefill, drafting) the module is as
+    before, and the switch keeps the module's identity and state."""
+    from specgraft.eval.exact_attention import rows_one_at_a_time, use_row_by_row_elementwise
+
+    model = tiny_model("llama", max_position_embeddings=512, intermediate_size=172).to(torch.bfloat16)
+    act, rotary = model.model.layers[0].mlp.act_fn, model.model.rotary_emb
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(1, 9, 172).to(torch.bfloat16)
+    positions = torch.arange(200, 209).unsqueeze(0)
+    stock_act, stock_rotary = act(x), rotary(x, positions)
+    switched = use_row_by_row_elementwise(model)
+    assert switched == model.config.num_hidden_layers + 1 and model.model.layers[0].mlp.act_fn is act
+    assert use_row_by_row_elementwise(model) == switched  # idempotent
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert torch.equal(act(x), stock_act)  # outside a verification: the stock call
+    assert all(torch.equal(a, b) for a, b in zip(rotary(x, positions), stock_rotary))
+    with rows_one_at_a_time(model):
+        rowwise, (cos, sin) = act(x), rotary(x, positions)
+    for r in range(9):
+        assert torch.equal(rowwise[:, r : r + 1], act(x[:, r : r + 1]))
+        one_cos, one_sin = rotary(x, positions[:, r : r + 1])
+        assert torch.equal(cos[:, r : r + 1], one_cos) and torch.equal(sin[:, r : r + 1], one_sin)
+    torch.testing.assert_close(rowwise.float(), stock_act.float(), atol=1e-2, rtol=1e-2)
