@@ -20,13 +20,17 @@ products as a batch of one. So a verification row's attention output is, by cons
 computes at that position with the stock kernel, in every dtype, at every row count and cache length; the prompt's
 prefill (no row layout passed) is ``sdpa`` unchanged, and so is plain decoding under this kernel.
 
-The rest of the forward is row-wise (norms, rotary embeddings, MLP) apart from the linear layers, whose products
-must then also compute a row the same way at 1 and at N rows. oneDNN's bf16 GEMM does on the Intel Xeon (AMX) up
-to 32 rows and on an AMD EPYC (avx512_bf16) up to 64; MKL's fp32 GEMM computes a row differently from 2 rows on. So
-the exact path switches the target's linear layers to products of at most as many rows as the machine computes row
-by row (probed per shape, the smallest for all: :func:`specgraft.eval.kernels.use_row_exact_linears`), and refuses
-in one line where that is a single row (fp32 with MKL): greedy answers are then token-identical to plain decoding
-with the stock kernels, or the kernel is not used.
+The rest of the forward must then compute a row alone and among others alike. The linear layers' GEMM does so
+only up to some row count, which depends on the machine, dtype and shape: oneDNN's bf16 GEMM on an Intel Xeon (AMX)
+up to 32 rows, on an AMD EPYC (avx512_bf16) stories260K's [32, 64] v_proj only up to 2; MKL's fp32 GEMM regroups a
+row's sum from 2 rows on. So the exact path switches the target's linear layers to products of at most as many rows
+as the machine computes row by row (probed per shape with order-revealing inputs, the smallest for all:
+:func:`specgraft.eval.kernels.use_row_exact_linears`), one row per product where that is one (exact, and slow: each
+verified row reads the weights again). Activations and rotary tables round a row's elements differently when they
+fall in a vectorised block or in its scalar tail, which depends on the call's size, so inside a verification forward
+they compute each row by its own call too (:func:`use_row_by_row_elementwise`, :func:`rows_one_at_a_time`); norms,
+residuals and the rotary products are exact element-wise arithmetic or per-row reductions. Greedy answers are then
+token-identical to plain decoding with the stock kernels, in fp32 and bf16, by construction.
 
 :func:`rows_match_one_row_calls` checks the construction once per attention shape on this machine (grouped calls
 against one-row calls at row counts and cache lengths around the flash kernel's blocks), as a guard against a torch
@@ -231,9 +235,10 @@ def add_attention_kernel_argument(parser: argparse.ArgumentParser) -> None:
                              "in the masked multi-row calls of verification on the CPU instead of copying them "
                              "(plain one-token steps are unchanged); exact: each verification row computed by the "
                              "same sdpa call plain one-token decoding makes, so greedy answers are token-identical to "
-                             "plain decoding with the stock kernels in bf16 too, or exact is refused in one line "
-                             "where this machine cannot guarantee that (fp32 on MKL); plain steps and the prefill "
-                             "are sdpa unchanged; auto (default): gqa on the CPU for an sdpa model with grouped KV "
+                             "plain decoding with the stock kernels in fp32 and bf16 (the linear layers multiply as "
+                             "few rows per product as this machine computes row by row, one if need be: then slow); "
+                             "plain steps and the prefill are the stock ones; refused in one line for sliding-window "
+                             "or soft-capped models; auto (default): gqa on the CPU for an sdpa model with grouped KV "
                              "heads, else stock")
 
 
