@@ -14,6 +14,11 @@ Two measurements, written to ``benchmarks/results/kernels.json`` (or ``--out``):
     python benchmarks/bench_kernels.py
     python benchmarks/bench_kernels.py --tokens 500 --smollm2 /tmp/smollm2 --out benchmarks/results/kernels.json
     PYTHONPATH=/path/to/other/checkout python benchmarks/bench_kernels.py --out /tmp/before.json   # another version
+
+``--before FILE`` embeds such a run of another version (its figures side by side under ``before``); ``--reuse
+FILE`` takes this version's figures from an earlier run instead of measuring again; ``--demo DIR`` adds the
+speedups of a ``specgraft demo --out DIR`` run (every report.json under it: the speedup against the baseline the
+report names, against stock plain decoding, and both plain times) beside the figures the README reported.
 """
 
 from __future__ import annotations
@@ -105,8 +110,14 @@ def identity(name: str, model: Any, prompts: list[list[int]], tokens: int) -> li
             row: dict[str, Any] = {"model": name, "dtype": dtype, "kernel": kernel, "tokens": tokens,
                                    "prompts": len(prompts), "refused": refusal}
             if switched is not None:
-                plain = [SpeculativeDecoder(switched, ignore_eos=True).generate(p, tokens).generated_ids
-                         for p in prompts]
+                try:
+                    plain = [SpeculativeDecoder(switched, ignore_eos=True).generate(p, tokens).generated_ids
+                             for p in prompts]
+                except (RuntimeError, ValueError) as crash:  # a kernel that accepted a model it cannot run
+                    row.update(crashed=str(crash).splitlines()[0], seconds=round(time.perf_counter() - start, 1))
+                    print(f"identity {name} {dtype} {kernel}: crashed ({row['crashed'][:80]})", flush=True)
+                    rows.append(row)
+                    continue
                 row["plain_identical"] = sum(a == b for a, b in zip(plain, reference))
                 runs = identical = 0
                 differing: list[str] = []
@@ -160,6 +171,27 @@ def plain_step(name: str, model: Any, prompt: list[int], tokens: int, repeats: i
     return rows
 
 
+#: The demo's speedups as the README reported them (one run, before the stock-baseline rule).
+README_DEMO_SPEEDUPS = {"medusa": 2.12, "dflash": 1.37, "eagle3": 1.20, "distilled draft": 1.08}
+
+
+def demo_speedups(folder: Path) -> list[dict[str, Any]]:
+    """The overall speedups of every eval report under a ``specgraft demo`` output folder."""
+    import json
+
+    rows = []
+    for path in sorted(folder.rglob("report.json")):
+        report = json.loads(path.read_text(encoding="utf-8"))
+        overall = report.get("overall") or {}
+        rows.append({"report": str(path.relative_to(folder)), "drafter": (report.get("drafter") or {}).get("type"),
+                     "mode": (report.get("drafter") or {}).get("mode"),
+                     "kernels": (report.get("measurement") or {}).get("kernels"),
+                     **{k: overall.get(k) for k in ("tau", "speedup_ratio_of_totals", "baseline_kernels",
+                                                    "speedup_vs_stock_ratio_of_totals", "plain_stock_s",
+                                                    "plain_kernel_s", "plain_kernel_over_stock", "lossless_check")}})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=400, help="greedy tokens per stories260K identity run")
@@ -169,8 +201,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--smollm2", type=Path, help="a converted SmolLM2 folder to time plain steps on as well")
     parser.add_argument("--skip-identity", action="store_true")
+    parser.add_argument("--models", nargs="*", help="identity on these only (stories260K, tiny-llama, ...)")
+    parser.add_argument("--before", type=Path, help="a run of this script on another version, embedded as 'before'")
+    parser.add_argument("--reuse", type=Path, help="take identity and plain_step from this earlier run")
+    parser.add_argument("--demo", type=Path, help="a `specgraft demo --out DIR` folder whose speedups to add")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "kernels.json")
     args = parser.parse_args(argv)
+    if args.reuse is not None:
+        import json
+
+        result = json.loads(args.reuse.read_text(encoding="utf-8"))
+        result["machine"]["reused_by"] = machine()["command"]
+        return finish(result, args)
     torch.set_num_threads(args.threads)
     from specgraft.llama2c import convert_llama2c
 
@@ -182,20 +224,51 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = AutoTokenizer.from_pretrained(Path(tmp) / "s260k")
     prompts = [[1] + tokenizer.encode(text, add_special_tokens=False) for text in STORY_PROMPTS]
     if not args.skip_identity:
-        result["identity"] += identity("stories260K", stories, prompts, args.tokens)
+        if not args.models or "stories260K" in args.models:
+            result["identity"] += identity("stories260K", stories, prompts, args.tokens)
         for arch in TINY_ARCHITECTURES:
-            tiny = tiny_model(arch, max_position_embeddings=512)
-            result["identity"] += identity(f"tiny-{arch}", tiny, [[5, 9, 17, 33]], args.tiny_tokens)
+            if not args.models or f"tiny-{arch}" in args.models:
+                tiny = tiny_model(arch, max_position_embeddings=512)
+                result["identity"] += identity(f"tiny-{arch}", tiny, [[5, 9, 17, 33]], args.tiny_tokens)
     result["plain_step"] += plain_step("stories260K", stories, prompts[1], args.step_tokens, args.repeats)
     if args.smollm2 is not None:
         smol = AutoModelForCausalLM.from_pretrained(args.smollm2, dtype=torch.float32).eval()
         smol_tok = AutoTokenizer.from_pretrained(args.smollm2)
         ids = smol_tok.encode("Write a short story about a robot who learns to paint.")
         result["plain_step"] += plain_step("SmolLM2-135M", smol, ids, min(args.step_tokens, 128), args.repeats)
+    return finish(result, args)
+
+
+def finish(result: dict[str, Any], args: argparse.Namespace) -> int:
+    """Add the comparisons asked for, write the JSON, print the side-by-side tables."""
+    import json
+
+    if args.before is not None:
+        before = json.loads(args.before.read_text(encoding="utf-8"))
+        result["before"] = {key: before.get(key) for key in ("machine", "identity", "plain_step")}
+        old = {(r["model"], r["dtype"], r["kernel"]): r for r in before.get("identity", [])}
+        print("| model | dtype | kernel | before: identical / runs (plain) | after |")
+        for row in result["identity"]:
+            prior = old.get((row["model"], row["dtype"], row["kernel"]), {})
+            print(f"| {row['model']} | {row['dtype']} | {row['kernel']} | {_cell(prior)} | {_cell(row)} |")
+    if args.demo is not None:
+        result["demo"] = {"folder": str(args.demo), "readme_speedups": README_DEMO_SPEEDUPS,
+                          "reports": demo_speedups(args.demo)}
+        for row in result["demo"]["reports"]:
+            print(f"demo {row['report']}: {row['speedup_ratio_of_totals']}x against {row['baseline_kernels']} "
+                  f"plain decoding ({row['speedup_vs_stock_ratio_of_totals']}x against stock)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
+
+
+def _cell(row: dict[str, Any]) -> str:
+    if not row:
+        return "-"
+    if row.get("refused"):
+        return "refused"
+    return f"{row['identical']}/{row['runs']} ({row['plain_identical']}/{row['prompts']})"
 
 
 if __name__ == "__main__":
