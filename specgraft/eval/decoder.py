@@ -272,7 +272,8 @@ class SpeculativeDecoder:
             root = token_buffer[past : length]  # [1]
             node_tokens = tree.tokens.clamp(0, self.vocab_size - 1)  # out-of-range ids are flagged, not embedded
             ids = torch.cat([root, node_tokens]).unsqueeze(0)  # [1, n+1]
-            if self.exact_rows:
+            exact_rows = self.exact_rows and n > 0  # a one-token step is already plain decoding's own call
+            if exact_rows:
                 # Row-exact attention: each row attends to its own keys in logical order through the very call
                 # one-token decoding makes (specgraft.eval.exact_attention); no mask is needed.
                 # The tree mask is passed too, so that a model whose forward does not hand keyword arguments on to
@@ -298,7 +299,7 @@ class SpeculativeDecoder:
             # Verification is timed from the forward's call to the verdict's device read (GenerationResult's
             # verify_time_s); building the mask before it and walking the tree after it are the step's bookkeeping.
             verify_start = time.perf_counter()
-            with exact_attention.rows_one_at_a_time(self.model) if self.exact_rows else contextlib.nullcontext():
+            with exact_attention.rows_one_at_a_time(self.model) if exact_rows else contextlib.nullcontext():
                 out = self.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(needs),
                                  **layout)
             result.num_target_forwards += 1
