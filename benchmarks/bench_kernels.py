@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--smollm2", type=Path, help="a converted SmolLM2 folder to time plain steps on as well")
     parser.add_argument("--skip-identity", action="store_true")
+    parser.add_argument("--skip-step", action="store_true", help="do not time plain steps")
     parser.add_argument("--models", nargs="*", help="identity on these only (stories260K, tiny-llama, ...)")
     parser.add_argument("--before", type=Path, help="a run of this script on another version, embedded as 'before'")
     parser.add_argument("--reuse", type=Path, help="take identity and plain_step from this earlier run")
@@ -230,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             if not args.models or f"tiny-{arch}" in args.models:
                 tiny = tiny_model(arch, max_position_embeddings=512)
                 result["identity"] += identity(f"tiny-{arch}", tiny, [[5, 9, 17, 33]], args.tiny_tokens)
-    result["plain_step"] += plain_step("stories260K", stories, prompts[1], args.step_tokens, args.repeats)
+    if not args.skip_step:
+        result["plain_step"] += plain_step("stories260K", stories, prompts[1], args.step_tokens, args.repeats)
     if args.smollm2 is not None:
         smol = AutoModelForCausalLM.from_pretrained(args.smollm2, dtype=torch.float32).eval()
         smol_tok = AutoTokenizer.from_pretrained(args.smollm2)
