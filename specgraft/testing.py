@@ -6,6 +6,7 @@ Nothing here downloads anything. Used by the test-suite, the benchmarks and the 
 from __future__ import annotations
 
 import copy
+import functools
 import subprocess
 import sys
 from collections.abc import Callable
@@ -74,6 +75,52 @@ def tiny_model(model_type: str = "llama", seed: int = 0, **config_overrides) -> 
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.eval()
     return model
+
+
+def builtin_drafters(model: PreTrainedModel, seed: int = 0, noise: float = 0.05) -> dict[str, Callable[[], Any]]:
+    """Factories of every built-in drafter for ``model``, by name: the target drafting for itself (a chain and a
+    tree), random chains, a draft model (a perturbed copy of the target, chain and tree) and an untrained head of
+    every built-in family (weights perturbed by ``noise`` so that it agrees with the target only now and then), in
+    its default setting and as a chain. Heads are built in the target's dtype; each factory builds afresh."""
+    from specgraft.eval.drafters import DraftModelDrafter, RandomDrafter, SelfDrafter
+    from specgraft.heads.registry import BUILTIN_FAMILIES, get_family
+    from specgraft.target import Target
+
+    vocab = int(model.config.get_text_config().vocab_size)
+    dtype = next(model.parameters()).dtype
+
+    def draft_model(**kwargs: Any) -> Any:
+        draft = copy.deepcopy(model)
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for p in draft.parameters():
+                p.add_((torch.randn_like(p.float()) * noise * p.float().std().clamp_min(1e-3)).to(p.dtype))
+        return DraftModelDrafter(draft, **kwargs)
+
+    def head(name: str, chain: bool) -> Any:
+        family = get_family(name)
+        target = Target(model)
+        overrides = {"mask_token_id": vocab - 1} if name == "dflash" else {}
+        torch.manual_seed(seed)
+        built = family.head.build(target, family.config(**overrides).resolve(target))
+        with torch.no_grad():
+            for p in built.parameters():
+                p.add_(torch.randn_like(p) * noise)
+        built = built.to(dtype).eval()
+        setting = ({"mode": "chain"} if chain else family.hooks["default_setting"](built))
+        return family.drafter(built, setting)
+
+    factories: dict[str, Callable[[], Any]] = {
+        "self_chain": lambda: SelfDrafter(k=4),
+        "self_tree": lambda: SelfDrafter(k=4, tree_topk=(2, 2)),
+        "random_chain": lambda: RandomDrafter(vocab, k=4),
+        "draft_model_chain": lambda: draft_model(k=4),
+        "draft_model_tree": lambda: draft_model(k=3, tree_topk=(3, 2)),
+    }
+    for name in BUILTIN_FAMILIES:
+        factories[f"{name}_default"] = functools.partial(head, name, False)
+        factories[f"{name}_chain"] = functools.partial(head, name, True)
+    return factories
 
 
 def tiny_tokenizer(chat_template: bool = True) -> PreTrainedTokenizerFast:

@@ -15,6 +15,7 @@ Batch size > 1 is out of scope: a batch of prompts would accept paths of differe
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -271,17 +272,15 @@ class SpeculativeDecoder:
             root = token_buffer[past : length]  # [1]
             node_tokens = tree.tokens.clamp(0, self.vocab_size - 1)  # out-of-range ids are flagged, not embedded
             ids = torch.cat([root, node_tokens]).unsqueeze(0)  # [1, n+1]
-            if self.exact_rows:
-                # Row-exact attention: each row attends to its own keys in logical order, computed as one-token
-                # decoding computes them (specgraft.eval.exact_attention); no mask is needed.
+            exact_rows = self.exact_rows and n > 0  # a one-token step is already plain decoding's own call
+            if exact_rows:
+                # Row-exact attention: each row attends to its own keys in logical order through the very call
+                # one-token decoding makes (specgraft.eval.exact_attention); no mask is needed.
                 # The tree mask is passed too, so that a model whose forward does not hand keyword arguments on to
                 # its attention still verifies correctly (through sdpa), only not bit-exactly.
                 pos = mask = None
-                if structure.chain:
-                    rows = exact_attention.chain_row_keys(past, n + 1, self.device)
-                else:
-                    rows = exact_attention.row_keys(past, structure.row_paths(self.device),
-                                                    structure.row_depths(self.device))
+                rows = exact_attention.row_keys(past, structure, self.device)
+                if not structure.chain:
                     positions = structure.row_depths(self.device) + past  # [n+1]
                     key_pos = torch.cat([torch.arange(past, device=self.device), positions])
                     mask = self.layout.tree_mask(structure, past, positions, key_pos, self.dtype)
@@ -300,7 +299,9 @@ class SpeculativeDecoder:
             # Verification is timed from the forward's call to the verdict's device read (GenerationResult's
             # verify_time_s); building the mask before it and walking the tree after it are the step's bookkeeping.
             verify_start = time.perf_counter()
-            out = self.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(needs), **layout)
+            with exact_attention.rows_one_at_a_time(self.model) if exact_rows else contextlib.nullcontext():
+                out = self.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(needs),
+                                 **layout)
             result.num_target_forwards += 1
             logits = out.logits[0]  # [n+1, V]
             accepted, bonus, row_alpha = self._verify(tree, structure, node_tokens, logits, result, verify_start)

@@ -1,56 +1,51 @@
-"""Row-exact attention: verification rows computed bit for bit as plain one-token decoding computes them.
+"""Row-exact attention: every verification row computed by the very call plain one-token decoding makes.
 
 Speculative decoding is lossless in exact arithmetic, but a fused attention kernel does not compute a query row the
 same way when the call holds one query as when it holds sixteen: the key dimension it reduces over grows by the
-tree's masked keys, its blocking follows the call's shape, and a bf16 logit that sits on a rounding tie flips. In
-bf16 the logits of a multi-token verification differ from one-token decoding's by a few ulps in both transformers'
-``sdpa`` and ``eager`` attention, enough for greedy answers to diverge at near-ties; in fp32 the differences are
-far below the gaps between tokens and the answers agree.
+tree's masked keys, its blocking follows the call's shape, and a bf16 logit that sits on a rounding tie flips.
+In bf16 the logits of a multi-token verification differ from one-token decoding's by a few ulps in both
+transformers' ``sdpa`` and ``eager`` attention, enough for greedy answers to diverge at near-ties; in fp32 the
+differences are far below the gaps between tokens.
 
-This module is an attention implementation, registered with transformers' public ``AttentionInterface``, whose
-result for a query row depends only on the keys that row sees, in their logical order, and not on the other rows of
-the call, the masked keys, or where the row's ancestors sit in the cache:
+This module is an attention implementation, registered with transformers' public ``AttentionInterface``, that
+makes no arithmetic of its own. A one-token step of plain decoding calls transformers' ``sdpa`` with one query row,
+no mask, and the contiguous cache of the ``L`` positions before and at the token: torch's CPU flash kernel then
+reduces over those ``L`` keys in the model's dtype with blocks that depend on ``L`` alone. For a verification row
+at depth ``d`` after ``past`` cached positions, the row's keys are the prefix and its root-to-row path, ``L = past
++ d + 1`` of them in logical order: this kernel hands exactly those keys (a slice of the cache where they are a
+prefix of it, else gathered) and the row's query to the same ``sdpa`` call, with no mask. Rows at equal depth share
+``L`` and go in one call as a batch: the flash kernel computes each (batch, head) item on its own with the same
+products as a batch of one. So a verification row's attention output is, by construction, the one plain decoding
+computes at that position with the stock kernel, in every dtype, at every row count and cache length; the prompt's
+prefill (no row layout passed) is ``sdpa`` unchanged, and so is plain decoding under this kernel.
 
-* each row's keys are split into fixed blocks of :data:`KEY_BLOCK` logical positions (a row's position ``j`` is its
-  ``j``-th visible key: the committed prefix, then the root-to-row path of the tree);
-* whole blocks of the shared prefix are multiplied for every row at once; the row's last, partial blocks (the
-  prefix's remainder and its path, gathered into logical order) per row; every product has the same shape per
-  row whatever the number of rows (the rows only stack along the batched matmul's M dimension, which these small
-  fp32 products compute row-independently: ``tests/eval/test_exact_attention.py`` pins it on the machine it runs
-  on);
-* the softmax maximum is exact; the exponentials are element-wise; the weighted values and the normaliser (a ones
-  column after the values, so one product gives both) are summed within a block over its fixed
-  :data:`KEY_BLOCK` entries (masked entries are exact zeros) and across blocks by :func:`pairwise_sum`, a fixed
-  tree over block indices, so trailing empty blocks add exact zeros;
-* arithmetic is in fp32 whatever the model's dtype (bf16 models get fp32 attention, then the output rounded back).
+The rest of the forward must then compute a row alone and among others alike. The linear layers' GEMM does so
+only up to some row count, which depends on the machine, dtype and shape (a bf16 GEMM may change kernels above a few
+dozen rows on one CPU and regroup a small projection's sum from 3 rows on another); MKL's fp32 GEMM regroups a
+row's sum from 2 rows on. So the exact path switches the target's linear layers to products of at most as many rows
+as the machine computes row by row (probed per shape with order-revealing inputs, the smallest for all:
+:func:`specgraft.eval.kernels.use_row_exact_linears`), one row per product where that is one (exact, and slow: each
+verified row reads the weights again). Activations and rotary tables round a row's elements differently when they
+fall in a vectorised block or in its scalar tail, which depends on the call's size, so inside a verification forward
+they compute each row by its own call too (:func:`use_row_by_row_elementwise`, :func:`rows_one_at_a_time`); norms,
+residuals and the rotary products are exact element-wise arithmetic or per-row reductions. Greedy answers are then
+token-identical to plain decoding with the stock kernels, in fp32 and bf16, by construction.
 
-Plain decoding (the same decoder with no drafter) runs the same function with one row, so a verification row and the
-one-token step that plain decoding takes at that position get identical attention outputs. The rest of the forward
-is row-wise (norms, rotary embeddings, MLP) apart from the linear layers, whose products must then also compute a
-row the same way at 1 and at N rows. A GEMM may do so only up to some row count and change kernels above it
-(oneDNN's bf16 GEMM, for example), so the exact path also
-switches the target's linear layers to products of at most as many rows as the machine computes row by row (probed
-per shape, the smallest for all: :func:`specgraft.eval.kernels.use_row_exact_linears`): with greedy decoding the
-speculative answer is token-identical to plain bf16 decoding by construction, at any tree size. MKL's fp32 GEMM
-computes a row differently from 2 rows on (a q_proj row differs by ~1e-6), which no split fixes, so fp32 stays
-identical by margin only, as before, and the switch says so in a warning. The prompt's prefill (no row layout
-passed) goes through transformers' ``sdpa`` unchanged: plain and speculative decoding prefill the same prompt in the
-same call.
+:func:`rows_match_one_row_calls` checks the construction once per attention shape on this machine (grouped calls
+against one-row calls at row counts and cache lengths around the flash kernel's blocks), as a guard against a torch
+build whose kernel is not per-item.
 
-That row independence is the BLAS's, not ours: on some CPUs the batched fp32 products change their summation with
-the number of rows in the call, so :func:`apply_attention_kernel` probes it
-at the model's attention shape (:func:`rows_computed_independently`) and refuses ``exact`` in one line where it
-fails, instead of promising bits it cannot deliver.
-
-Cost: some 25 small ops per layer instead of one fused call; selected with
-``--attention-kernel exact`` on ``specgraft eval`` / ``tune`` / ``profile``.
+Cost: one ``sdpa`` call per depth of the tree and layer instead of one per layer, plus the gathered keys of branch
+rows; selected with ``--attention-kernel exact`` on ``specgraft eval`` / ``tune`` / ``profile``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,11 +55,6 @@ from specgraft.errors import SpecgraftError
 from specgraft.eval.kv import EXACT_ATTENTION, GQA_ATTENTION, attention_layout, text_config
 
 logger = logging.getLogger(__name__)
-
-KEY_BLOCK = 16
-"""Logical key positions per block. Any fixed size is exact. Each row gathers its own last one or two blocks (the
-prefix's remainder, then its path), so the gathered volume grows with the block; 16 keeps that gather small
-(at 64 ``index_select`` dominates)."""
 
 ATTENTION_KERNELS = ("auto", "stock", "gqa", "exact")
 """``--attention-kernel`` choices: ``stock`` keeps the model's attention (sdpa); ``gqa`` is sdpa broadcasting grouped
@@ -76,61 +66,59 @@ ROWS_KWARG = "specgraft_rows"
 
 
 @dataclass(frozen=True)
-class RowKeys:
-    """Which cached keys each query row of one forward attends to, in logical order.
-
-    The forward appends ``q`` rows after ``past`` cached positions. Row ``i`` sees the whole prefix ``[0, past)``
-    and then the rows of its root-to-row path (``past + path[i]``).
+class RowGroup:
+    """Verification rows that see the same number of keys (one depth of the tree).
 
     Attributes:
-        past: cached positions before this forward.
-        shared: ``(past // KEY_BLOCK) * KEY_BLOCK``: keys ``[0, shared)`` are whole blocks every row sees.
-        tail_index: [q, T] int64 cache positions of each row's remaining keys (``T`` a multiple of KEY_BLOCK;
-            padding points at position 0 and is masked).
-        tail_padding: [q, T] bool, True on padding (the mask every layer applies; built once per forward).
+        rows: [g] int64 row indices within the forward.
+        first_row: ``rows[0]`` on the host.
+        length: keys each row sees (the cached prefix, then its root-to-row path).
+        keys: [g * length] int64 cache positions of each row's keys in logical order, rows one after another; None
+            when the group is one row whose keys are the first ``length`` cache positions (a chain's rows).
     """
+
+    rows: torch.Tensor
+    first_row: int
+    length: int
+    keys: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class RowKeys:
+    """Which cached keys each query row of one forward attends to: its ``groups`` by depth after ``past`` cached
+    positions (``size`` rows in all). Built once per forward, used by every layer."""
 
     past: int
-    shared: int
-    tail_index: torch.Tensor
-    tail_padding: torch.Tensor
+    size: int
+    groups: tuple[RowGroup, ...]
 
 
-def row_keys(past: int, paths: torch.Tensor, depths: torch.Tensor) -> RowKeys:
-    """The :class:`RowKeys` of rows whose root-to-row paths are ``paths`` after ``past`` cached positions.
-
-    Args:
-        past: cached positions before the forward.
-        paths: [q, D+1] int64 row indices (0 = the first new row) of each row's path, root first; entries past
-            ``depths[i]`` are ignored.
-        depths: [q] int64 depth of each row (its path has ``depth + 1`` rows).
-    """
+def row_keys(past: int, structure: Any, device: torch.device | str | None = None) -> RowKeys:
+    """The :class:`RowKeys` of a verification of ``structure`` (a :class:`~specgraft.eval.tree.TreeStructure`: the
+    root row, then its nodes) after ``past`` cached positions."""
     if past < 0:
         raise SpecgraftError(f"past length {past} is negative")
-    device = paths.device
-    shared = (past // KEY_BLOCK) * KEY_BLOCK
-    remainder = past - shared  # prefix keys after the last whole block
-    width = remainder + paths.shape[1]
-    padded = -(-width // KEY_BLOCK) * KEY_BLOCK
-    t = torch.arange(padded, device=device)  # [T] logical offset after `shared`
-    in_prefix = t < remainder
-    step = (t - remainder).clamp(0, paths.shape[1] - 1)  # [T] index into the path
-    in_path = (t >= remainder).unsqueeze(0) & ((t - remainder).unsqueeze(0) <= depths.unsqueeze(1))  # [q, T]
-    path_rows = paths.index_select(1, step)  # [q, T]
-    index = torch.where(in_prefix.unsqueeze(0), shared + t.unsqueeze(0), past + path_rows)
-    valid = in_prefix.unsqueeze(0) | in_path
-    return RowKeys(past=past, shared=shared, tail_index=torch.where(valid, index, 0), tail_padding=~valid)
-
-
-def chain_paths(length: int, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(paths [q, q], depths [q]) of ``length`` rows that form a causal chain (row ``i``'s path is rows ``0..i``)."""
-    idx = torch.arange(length, device=device)
-    return torch.where(idx.unsqueeze(0) <= idx.unsqueeze(1), idx.unsqueeze(0), 0), idx
+    groups = []
+    prefix = None
+    for depth, rows, paths in structure.rows_by_depth:
+        length = past + depth + 1
+        rows_t = torch.tensor(rows, dtype=torch.long, device=device)
+        if len(rows) == 1 and paths[0] == tuple(range(depth + 1)):
+            groups.append(RowGroup(rows=rows_t, first_row=rows[0], length=length, keys=None))
+            continue
+        if prefix is None:
+            prefix = torch.arange(past, device=device)
+        path_slots = past + torch.tensor(paths, dtype=torch.long, device=device)  # [g, depth + 1]
+        keys = torch.cat([prefix.expand(len(rows), past), path_slots], dim=1).reshape(-1)
+        groups.append(RowGroup(rows=rows_t, first_row=rows[0], length=length, keys=keys))
+    return RowKeys(past=past, size=structure.size + 1, groups=tuple(groups))
 
 
 def chain_row_keys(past: int, length: int, device: torch.device | str | None = None) -> RowKeys:
     """:func:`row_keys` for ``length`` rows that form a causal chain (row ``i`` sees rows ``0..i``)."""
-    return row_keys(past, *chain_paths(length, device))
+    from specgraft.eval.tree import tree_structure
+
+    return row_keys(past, tree_structure(tuple(range(-1, length - 2))), device)
 
 
 def exact_attention_forward(
@@ -150,108 +138,68 @@ def exact_attention_forward(
     :class:`RowKeys` under :data:`ROWS_KWARG` (a prompt's prefill, or a caller that is not the decoder) it is
     transformers' ``sdpa``.
     """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     rows: RowKeys | None = kwargs.pop(ROWS_KWARG, None)
     if rows is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     batch, heads, q, dim = query.shape
     kv_heads = key.shape[1]
-    if batch != 1 or heads % kv_heads or key.shape[2] != rows.past + q or rows.tail_index.shape[0] != q:
+    if batch != 1 or key.shape[2] != rows.past + q or rows.size != q:
         raise SpecgraftError(f"exact attention got query {tuple(query.shape)} and keys {tuple(key.shape)} for a row "
-                             f"layout of {rows.tail_index.shape[0]} rows after {rows.past} positions; it decodes one "
-                             "sequence at a time through specgraft's decoder")
-    group = heads // kv_heads
-    scale = dim ** -0.5 if scaling is None else float(scaling)
-    shared, blocks = rows.shared, rows.shared // KEY_BLOCK
-    tail = rows.tail_index.shape[1]
-    qf = (query[0].float() * scale).view(kv_heads, group, q, dim).transpose(1, 2)  # [KVH, q, G, d]
-    kf = key[0].float()  # [KVH, L, d]
-    # A ones column after the values: each block's product then also sums its weights (the softmax normaliser),
-    # so one matmul and one block sum give both, computed alike.
-    vf = torch.nn.functional.pad(value[0].float(), (0, 1), value=1.0)  # [KVH, L, d + 1]
-    flat = rows.tail_index.reshape(-1)
-    k_tail = kf.index_select(1, flat).view(kv_heads, q, tail, dim)
-    v_tail = vf.index_select(1, flat).view(kv_heads, q, tail // KEY_BLOCK, KEY_BLOCK, dim + 1)
-    s_tail = torch.matmul(qf, k_tail.transpose(-1, -2))  # [KVH, q, G, T]
-    s_tail.masked_fill_(rows.tail_padding.view(1, q, 1, tail), float("-inf"))
-    top = s_tail.amax(-1, keepdim=True)  # [KVH, q, G, 1]; every row sees at least itself
-    if blocks:
-        s_shared = torch.matmul(qf.reshape(kv_heads, q * group, dim), kf[:, :shared].transpose(-1, -2))
-        s_shared = s_shared.view(kv_heads, q, group, shared)
-        top = torch.maximum(top, s_shared.amax(-1, keepdim=True))
-    p_tail = torch.exp(s_tail - top).view(kv_heads, q, group, tail // KEY_BLOCK, KEY_BLOCK)
-    # [KVH, q, blocks, G, d + 1]: per block, the G query heads of a row times that block's values (and ones),
-    # then blocks first: [KVH, blocks, q, G, d + 1]
-    outs = torch.matmul(p_tail.transpose(2, 3), v_tail).transpose(1, 2)
-    if blocks:
-        p_shared = torch.exp(s_shared - top).view(kv_heads, q * group, blocks, KEY_BLOCK)
-        o_shared = torch.matmul(p_shared.transpose(1, 2),
-                                vf[:, :shared].view(kv_heads, blocks, KEY_BLOCK, dim + 1))  # [KVH, blocks, q*G, d+1]
-        outs = torch.cat([o_shared.view(kv_heads, blocks, q, group, dim + 1), outs], dim=1)
-    # Across blocks by a fixed pairwise tree over block indices: trailing all-padding blocks add exact zeros.
-    summed = pairwise_sum(outs, dim=1)  # [KVH, q, G, d + 1]
-    out = (summed[..., :dim] / summed[..., dim:]).permute(1, 0, 2, 3).reshape(1, q, heads, dim)
-    return out.to(query.dtype), None
+                             f"layout of {rows.size} rows after {rows.past} positions; it decodes one sequence at a "
+                             "time through specgraft's decoder")
+    out = query.new_empty(q, 1, heads, value.shape[-1])
+    for group in rows.groups:
+        if group.keys is None:
+            # Plain decoding's own call: one row, the cache's first `length` positions, no mask.
+            query_g = query[:, :, group.first_row : group.first_row + 1]
+            key_g, value_g = key[:, :, : group.length], value[:, :, : group.length]
+        else:
+            g = group.rows.shape[0]
+            query_g = query[0].index_select(1, group.rows).transpose(0, 1).unsqueeze(2)  # [g, H, 1, d]
+            key_g = key[0].index_select(1, group.keys).view(kv_heads, g, group.length, dim).transpose(0, 1)
+            value_g = value[0].index_select(1, group.keys).view(kv_heads, g, group.length, -1).transpose(0, 1)
+        attended, _ = sdpa_attention_forward(module, query_g.contiguous(), key_g.contiguous(), value_g.contiguous(),
+                                             None, dropout=dropout, scaling=scaling, **kwargs)  # [g, 1, H, d]
+        out.index_copy_(0, group.rows, attended)
+    return out.view(1, q, heads, -1), None
 
 
-def pairwise_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sum ``x`` over ``dim`` by a fixed binary tree over the indices, zero-padded to a power of two.
-
-    The grouping of index ``i`` depends on ``i`` alone: appending zeros (a longer padded call) leaves every partial
-    sum as it was and adds exact zeros, so the same leading values give the same bits whatever the length. (A
-    library reduction may regroup by length, vectorise differently, or cascade.) ``dim`` must count from the start
-    or be negative; returns ``x`` with ``dim`` removed.
-    """
-    dim = dim % x.dim()
-    size = x.shape[dim]
-    half = (1 << max(size - 1, 0).bit_length()) // 2
-    if half and size > half:
-        # The first level of the tree over the zero-padded power of two, without materialising the zeros: index
-        # i < half adds index i + half where that exists, else an exact zero (nothing).
-        first = x.narrow(dim, 0, half).clone()
-        first.narrow(dim, 0, size - half).add_(x.narrow(dim, half, size - half))
-        x = first
-    while x.shape[dim] > 1:
-        x = x.narrow(dim, 0, x.shape[dim] // 2) + x.narrow(dim, x.shape[dim] // 2, x.shape[dim] // 2)
-    return x.squeeze(dim)
-
-
-#: Cache lengths the row-independence probe tries, each with a tree and a chain: empty, inside the first key
-#: block, on and across a block boundary, and several blocks in (the shared-prefix products).
-PROBE_PAST = (0, 1, KEY_BLOCK - 3, KEY_BLOCK, KEY_BLOCK + 1, 3 * KEY_BLOCK - 2, 5 * KEY_BLOCK + 7)
-PROBE_TREE = (-1, -1, -1, 1, 1, 4, 2, 5, 7)
+#: Cache lengths the construction check tries: short, on and across the flash kernel's 512-key block.
+PROBE_PAST = (0, 1, 7, 30, 509, 517)
+#: A tree whose depths hold 1, 3, 4, 2 and 1 rows, paths away from the first rows included.
+PROBE_TREE = (-1, -1, -1, 0, 1, 2, 2, 3, 5, 7)
 
 
 @functools.cache
-def rows_computed_independently(kv_heads: int, group: int, dim: int, dtype: str, device: str) -> bool:
-    """Whether this machine's kernels give every row of an exact-attention call the bits its one-row call gets, at
-    this attention shape and dtype: the premise the kernel rests on (its products stack rows along batch and M
-    dimensions that the BLAS must treat row by row). It holds on some CPUs and not on others with the same torch/MKL
-    build, whose batched fp32 products change their summation with the batch count and the row count. Probed once
-    per shape on random inputs: a 9-node tree and a chain at seven cache lengths,
-    every row against its one-row call."""
+def rows_match_one_row_calls(kv_heads: int, group: int, dim: int, dtype: str, device: str) -> bool:
+    """Whether this machine's torch computes every row of an exact-attention call as transformers' ``sdpa`` computes
+    it alone, the way plain decoding calls it (one row, no mask, the contiguous cache): the per-item property of the
+    flash kernel the construction rests on. Checked once per attention shape and dtype on random inputs, a tree and
+    a chain at several cache lengths."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     from specgraft.eval.tree import tree_structure
 
     gen = torch.Generator().manual_seed(0)
     torch_dtype = getattr(torch, dtype.removeprefix("torch."))
     module = argparse.Namespace(num_key_value_groups=group, is_causal=True)
-    structure = tree_structure(PROBE_TREE)
-    q = structure.size + 1
-    layouts = ((structure.row_paths(), structure.row_depths()), chain_paths(q))  # a tree, a chain of as many rows
-    for past in PROBE_PAST:
-        for paths, depths in layouts:
+    for structure in (tree_structure(PROBE_TREE), tree_structure(tuple(range(-1, len(PROBE_TREE) - 1)))):
+        q = structure.size + 1
+        paths = {row: path for _, rows, row_paths in structure.rows_by_depth for row, path in zip(rows, row_paths)}
+        for past in PROBE_PAST:
             keys, values = (torch.randn(1, kv_heads, past + q, dim, generator=gen).to(device=device, dtype=torch_dtype)
                             for _ in range(2))
             query = torch.randn(1, kv_heads * group, q, dim, generator=gen).to(device=device, dtype=torch_dtype)
             out, _ = exact_attention_forward(module, query, keys, values, None,
-                                             **{ROWS_KWARG: row_keys(past, paths.to(device), depths.to(device))})
+                                             **{ROWS_KWARG: row_keys(past, structure, device)})
             for r in range(q):
-                slots = torch.cat([torch.arange(past), past + paths[r, : int(depths[r]) + 1]]).to(device)
-                alone, _ = exact_attention_forward(module, query[:, :, r : r + 1], keys[:, :, slots],
-                                                   values[:, :, slots], None,
-                                                   **{ROWS_KWARG: chain_row_keys(len(slots) - 1, 1, device)})
+                slots = torch.cat([torch.arange(past), past + torch.tensor(paths[r])]).to(device)
+                alone, _ = sdpa_attention_forward(module, query[:, :, r : r + 1].contiguous(),
+                                                  keys[:, :, slots].contiguous(), values[:, :, slots].contiguous(),
+                                                  None)
                 if not torch.equal(out[0, r], alone[0, 0]):
                     return False
     return True
@@ -284,10 +232,13 @@ def add_attention_kernel_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default="auto",
                         help="stock: the target's own attention (sdpa); gqa: sdpa that broadcasts grouped KV heads "
                              "in the masked multi-row calls of verification on the CPU instead of copying them "
-                             "(plain one-token steps are unchanged); exact: verification rows computed bit for bit "
-                             "like one-token decoding, so greedy answers are token-identical to plain decoding in "
-                             "bf16 too (a few ms more per forward; the prefill stays sdpa); auto (default): gqa on "
-                             "the CPU for an sdpa model with grouped KV heads, else stock")
+                             "(plain one-token steps are unchanged); exact: each verification row computed by the "
+                             "same sdpa call plain one-token decoding makes, so greedy answers are token-identical to "
+                             "plain decoding with the stock kernels in fp32 and bf16 (the linear layers multiply as "
+                             "few rows per product as this machine computes row by row, one if need be: then slow); "
+                             "plain steps and the prefill are the stock ones; refused in one line for sliding-window "
+                             "or soft-capped models; auto (default): gqa on the CPU for an sdpa model with grouped KV "
+                             "heads, else stock")
 
 
 def resolve_attention_kernel(choice: str, model: Any) -> str:
@@ -300,7 +251,13 @@ def resolve_attention_kernel(choice: str, model: Any) -> str:
 
     on_cpu = next(model.parameters()).device.type == "cpu"
     sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
-    return "gqa" if on_cpu and sdpa and grouped_kv_heads(model) else "stock"
+    softcap = getattr(text_config(model), "attn_logit_softcapping", None)
+    return "gqa" if on_cpu and sdpa and not softcap and grouped_kv_heads(model) else "stock"
+
+
+STOCK_ATTENTION_ATTR = "specgraft_stock_attention"
+"""Instance attribute recording the attention implementation a model had before a kernel switch (what
+:func:`stock_kernels` restores for the baseline)."""
 
 
 def apply_attention_kernel(choice: str, model: Any) -> str:
@@ -308,9 +265,15 @@ def apply_attention_kernel(choice: str, model: Any) -> str:
     choice = resolve_attention_kernel(choice, model)
     if choice == "stock":
         return choice
+    if not hasattr(model, STOCK_ATTENTION_ATTR):
+        object.__setattr__(model, STOCK_ATTENTION_ATTR, getattr(model.config, "_attn_implementation", None))
     if choice == "gqa":
         from specgraft.eval.gqa_attention import register_gqa_attention
 
+        softcap = getattr(text_config(model), "attn_logit_softcapping", None)
+        if softcap:
+            raise SpecgraftError(f"--attention-kernel gqa runs sdpa, which has no attention logit soft-capping (this "
+                                 f"model caps its attention logits at {softcap}); use --attention-kernel stock")
         register_gqa_attention()
         model.set_attn_implementation(GQA_ATTENTION)
         return choice
@@ -326,31 +289,149 @@ def apply_attention_kernel(choice: str, model: Any) -> str:
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     parameter = next(model.parameters())
-    if not rows_computed_independently(kv_heads, heads // kv_heads, dim, str(parameter.dtype),
-                                       str(parameter.device)):
-        raise SpecgraftError(f"--attention-kernel exact cannot be bit-exact on this machine: its matmul kernels "
-                             f"compute a query row differently when other rows share the call (probed at this "
-                             f"model's attention shape, {kv_heads} KV heads x {heads // kv_heads} of {dim}, "
-                             f"{str(parameter.dtype).removeprefix('torch.')}); use --attention-kernel stock (greedy "
-                             "answers then match plain decoding up to rounding, which the eval's lossless check "
-                             "reports)")
+    dtype = str(parameter.dtype).removeprefix("torch.")
+    if not rows_match_one_row_calls(kv_heads, heads // kv_heads, dim, dtype, str(parameter.device)):
+        raise SpecgraftError(f"--attention-kernel exact cannot be bit-exact with this torch build: its attention "
+                             f"kernel computes a query row differently in a batch than alone (checked at this "
+                             f"model's attention shape, {kv_heads} KV heads x {heads // kv_heads} of {dim}, {dtype}); "
+                             f"use --attention-kernel stock (greedy answers then match plain decoding up to "
+                             f"rounding, which the eval's lossless check reports)")
+    _use_row_exact_linears(model, dtype)
+    use_row_by_row_elementwise(model)
     register_exact_attention()
     model.set_attn_implementation(EXACT_ATTENTION)
-    _use_row_exact_linears(model, str(parameter.dtype).removeprefix("torch."))
     return choice
 
 
 def _use_row_exact_linears(model: Any, dtype: str) -> None:
     """The rest of the exact path: the target's linear layers split a call into products of as many rows as this
-    machine's GEMM computes row by row (:func:`specgraft.eval.kernels.use_row_exact_linears`), and say so."""
+    machine's GEMM computes row by row (:func:`specgraft.eval.kernels.use_row_exact_linears`), one row each where
+    that is one (then a verification reads every weight once per row: exact, and slower than plain decoding's
+    products; the eval's speedup against the stock baseline shows it)."""
     from specgraft.eval.kernels import use_row_exact_linears
 
     chunk, switched = use_row_exact_linears(model)
-    if switched:
+    if chunk < 2:
+        logger.warning("exact attention: this machine's %s matrix products compute a row differently beside another "
+                       "one, so the %d linear layers multiply one row per product in verification (exact, but each "
+                       "verified row reads the weights again); --attention-kernel stock is faster and matches plain "
+                       "decoding up to rounding", dtype, switched)
+    else:
         logger.info("exact attention: %d linear layers multiply at most %d rows per product (row-exact up to there "
                     "on this machine in %s)", switched, chunk, dtype)
-    else:
-        logger.warning("exact attention: the linear layers compute a row differently beside another one in %s on "
-                       "this machine (already at 2 rows), so verification matches one-token decoding there up to "
-                       "rounding only: greedy answers are identical by margin, which the eval's lossless check "
-                       "reports", dtype)
+
+
+ROW_BY_ROW_FLAG = "specgraft_row_by_row"
+"""Instance attribute of a switched activation or rotary-embedding module: True while a verification forward runs
+(:func:`rows_one_at_a_time`), when the module computes its rows one call each."""
+
+
+@functools.cache  # one subclass per module class, built on first use
+def _row_by_row_class(cls: type) -> type:
+    """A subclass of the activation or rotary-embedding class ``cls`` whose forward, inside
+    :func:`rows_one_at_a_time`, computes each row of a multi-row call by the call plain decoding makes for it."""
+    rotary = cls.__name__.endswith("RotaryEmbedding")
+
+    def forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        base = super(subclass, self).forward
+        if not getattr(self, ROW_BY_ROW_FLAG, False):
+            return base(x, *args, **kwargs)
+        if rotary:  # (x, position_ids) -> (cos, sin), each [B, q, dim]; per position, as a one-token step asks
+            (positions,) = args or (kwargs.pop("position_ids"),)
+            if positions.shape[-1] == 1:
+                return base(x, positions, **kwargs)
+            parts = [base(x, positions[..., r : r + 1], **kwargs) for r in range(positions.shape[-1])]
+            return tuple(torch.cat(halves, dim=-2) for halves in zip(*parts))
+        if x.dim() < 2 or x.shape[-2] == 1:
+            return base(x, *args, **kwargs)
+        return torch.cat([base(x[..., r : r + 1, :], *args, **kwargs) for r in range(x.shape[-2])], dim=-2)
+
+    subclass = type(f"RowByRow{cls.__name__}", (cls,), {"forward": forward, "__module__": __name__})
+    return subclass
+
+
+def use_row_by_row_elementwise(model: Any) -> int:
+    """Switch ``model``'s activation functions and rotary embeddings to compute a verification's rows one call
+    each (same object and state, new forward, as :func:`specgraft.eval.kernels.use_row_exact_linears`); returns how
+    many modules were switched. Idempotent.
+
+    Why: their transcendental functions (exp in SiLU, cos/sin of the rotary angles) are vectorised in blocks of
+    the tensor's elements with a scalar tail, and the two can round differently. A row computed alone and the same
+    row inside a bigger call can fall on different sides of that boundary (stories260K's 172-wide MLP, its 8-wide
+    rotary table), so a one-token step and the verification of that token get different bf16 values now and then
+    (the first such flip came after 219 greedy tokens from ``[1]``). The prefill and every call outside
+    :func:`rows_one_at_a_time` are unchanged."""
+    from transformers.activations import ACT2CLS
+
+    activations = tuple({entry[0] if isinstance(entry, tuple) else entry for entry in ACT2CLS.values()})
+    switched = 0
+    for module in model.modules():
+        cls = type(module)
+        base = cls.__bases__[0] if cls.__name__.startswith("RowByRow") else cls
+        if isinstance(module, activations) or base.__name__.endswith("RotaryEmbedding"):
+            module.__class__ = _row_by_row_class(base)
+            setattr(module, ROW_BY_ROW_FLAG, False)
+            switched += 1
+    return switched
+
+
+@contextlib.contextmanager
+def rows_one_at_a_time(model: Any) -> Iterator[None]:
+    """While a verification forward of ``model`` runs, its switched modules compute row by row."""
+    switched = [m for m in model.modules() if hasattr(m, ROW_BY_ROW_FLAG)]
+    for module in switched:
+        setattr(module, ROW_BY_ROW_FLAG, True)
+    try:
+        yield
+    finally:
+        for module in switched:
+            setattr(module, ROW_BY_ROW_FLAG, False)
+
+
+def _switched_modules(model: Any) -> list[tuple[Any, type]]:
+    """Every module of ``model`` that a kernel switch gave another class, with its stock class."""
+    from torch import nn
+
+    from specgraft.eval.kernels import row_exact_linear_class, weight_major_linear_class
+
+    linear_classes = (row_exact_linear_class(), weight_major_linear_class())
+    out = []
+    for module in model.modules():
+        cls = type(module)
+        if cls in linear_classes:
+            out.append((module, nn.Linear))
+        elif hasattr(module, ROW_BY_ROW_FLAG):
+            out.append((module, cls.__bases__[0]))
+    return out
+
+
+def kernel_setting(model: Any) -> str:
+    """What ``model`` decodes with, in words: ``stock``, or its attention and linear kernels (``attention exact,
+    linear row-exact``): the name of a plain-decoding setting in reports."""
+    linears = {type(m).__name__ for m, stock in _switched_modules(model) if stock.__name__ == "Linear"}
+    attention = attention_kernel_of(model)
+    if attention == "stock" and not linears:
+        return "stock"
+    linear = "weight-major" if "WeightMajorLinear" in linears else "row-exact" if linears else "stock"
+    return f"attention {attention}, linear {linear}"
+
+
+@contextlib.contextmanager
+def stock_kernels(model: Any) -> Iterator[None]:
+    """Run ``model`` with the stock kernels for a while (transformers' own attention, ``nn.Linear``, the stock
+    activations and rotary tables): plain decoding as the user runs it without specgraft, the baseline every
+    speedup is measured against. The switched kernels come back afterwards; parameters are untouched."""
+    switched = [(module, type(module), stock) for module, stock in _switched_modules(model)]
+    kernel_impl = getattr(model.config, "_attn_implementation", None)
+    stock_impl = getattr(model, STOCK_ATTENTION_ATTR, kernel_impl)
+    for module, _, stock in switched:
+        module.__class__ = stock
+    if stock_impl != kernel_impl:
+        model.set_attn_implementation(stock_impl)
+    try:
+        yield
+    finally:
+        if stock_impl != kernel_impl:
+            model.set_attn_implementation(kernel_impl)
+        for module, kernel_class, _ in switched:
+            module.__class__ = kernel_class

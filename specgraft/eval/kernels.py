@@ -304,37 +304,57 @@ def use_stock_linears(*modules: Any) -> int:
     return switched
 
 
+def row_exact_probes(out_features: int, in_features: int, bias: bool, dtype: str, device: str,
+                     rows: int) -> tuple[tuple[Any, Any, Any], ...]:
+    """The (weight, input [rows, in], bias) pairs :func:`row_exact_chunk` compares row counts on: random values,
+    and the order-revealing ones (see there)."""
+    import torch
+
+    torch_dtype = getattr(torch, dtype.removeprefix("torch."))
+    gen = torch.Generator().manual_seed(0)
+    random_weight = torch.randn(out_features, in_features, generator=gen)
+    random_x = torch.randn(rows, in_features, generator=gen)
+    bias_t = torch.randn(out_features, generator=gen).to(device=device, dtype=torch_dtype) if bias else None
+    revealing = torch.zeros(out_features, in_features)
+    if in_features >= 3:
+        big, small = 2.0 ** 12, 2.0 ** -14  # small < half an fp32 ulp of big: lost when added to it first
+        for row in revealing:
+            i, j, k = torch.randperm(in_features, generator=gen)[:3].tolist()
+            row[i], row[j], row[k] = big, small, -big
+    return tuple((w.to(device=device, dtype=torch_dtype), x.to(device=device, dtype=torch_dtype), b)
+                 for w, x, b in ((random_weight, random_x, bias_t),
+                                 (revealing, torch.ones(rows, in_features), None)))
+
+
 @functools.cache
 def row_exact_chunk(out_features: int, in_features: int, bias: bool, dtype: str, device: str, threads: int,
                     max_rows: int = ROW_EXACT_MAX_ROWS) -> int:
     """The most rows ``F.linear`` may multiply in one call at this weight shape so that every row's result equals
     its one-row product bit for bit, for every row count up to it; 1 when two rows already differ.
 
-    The BLAS picks its kernel by shape: oneDNN's bf16 GEMM, for example, can compute a row alone and beside a few
-    dozen others the same way and change kernels above that, so a long verification (the default 61-row EAGLE tree)
-    would not be token-identical under ``--attention-kernel exact`` without the split; MKL's fp32 GEMM differs from
-    2 rows on. Probed once per shape, dtype, device and thread count (the kernel choice may
-    follow the threads) on random inputs. A kernel change shows only where the other summation order crosses a
-    rounding boundary, so a shape can agree here and still differ on real inputs (SmolLM2's [192, 576] k_proj):
-    :func:`use_row_exact_linears` takes the smallest chunk over all shapes. Stops at the first row count that
-    differs, so a machine that differs at 2 rows pays two products per shape."""
+    The BLAS picks its kernel by shape: a bf16 GEMM may compute a row alone and beside a few dozen others the same
+    way and change kernels above that, or sum a small projection's row in another order from 3 rows on; MKL's fp32
+    GEMM differs from 2 rows on. Probed once per shape, dtype, device and thread count (the kernel choice may follow
+    the threads) with two inputs: random values, and order-revealing ones, where each output sums a large weight, a
+    weight below half its ulp and the large one negated (at random positions), times ones: the small term survives in
+    one summation order and vanishes in another, so a kernel that regroups a row's sum shows it in every such output
+    instead of only where random values happen to sit on a rounding boundary (the random probe passed that v_proj,
+    and a 5-row verification then changed a greedy token). Stops at the first row count that differs."""
     import torch
     import torch.nn.functional as F
 
     if max_rows < 1:
         raise SpecgraftError(f"max_rows must be at least 1, got {max_rows}")
-    torch_dtype = getattr(torch, dtype.removeprefix("torch."))
-    gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(out_features, in_features, generator=gen).to(device=device, dtype=torch_dtype)
-    bias_t = torch.randn(out_features, generator=gen).to(device=device, dtype=torch_dtype) if bias else None
-    x = torch.randn(max_rows, in_features, generator=gen).to(device=device, dtype=torch_dtype)
+    chunk = max_rows
     with torch.no_grad():
-        alone = [F.linear(x[:1], weight, bias_t)]  # [1, out] per row, computed as rows are needed
-        for rows in range(2, max_rows + 1):
-            alone.append(F.linear(x[rows - 1 : rows], weight, bias_t))
-            if not torch.equal(F.linear(x[:rows], weight, bias_t), torch.cat(alone)):
-                return rows - 1
-    return max_rows
+        for weight, x, b in row_exact_probes(out_features, in_features, bias, dtype, device, max_rows):
+            alone = [F.linear(x[:1], weight, b)]  # [1, out] per row, computed as rows are needed
+            for rows in range(2, chunk + 1):
+                alone.append(F.linear(x[rows - 1 : rows], weight, b))
+                if not torch.equal(F.linear(x[:rows], weight, b), torch.cat(alone)):
+                    chunk = rows - 1
+                    break
+    return chunk
 
 
 @functools.cache  # one class, built on first use, so importing this module does not import torch
@@ -369,9 +389,10 @@ def use_row_exact_linears(*modules: Any, max_rows: int = ROW_EXACT_MAX_ROWS) -> 
     rounding boundary, and SmolLM2's k_proj [192, 576] agreed on random inputs at every row count up to 64, yet
     computed row 43 of a real 61-row bf16 call differently (the GEMM changes kernels at 33 rows whatever the shape).
 
-    Returns ``(chunk, layers switched)``; chunk 1 switches nothing (a product already computes a row differently
-    beside one other row, which no split fixes). Subclasses of ``nn.Linear`` (weight-major, PEFT, quantised layers)
-    are left alone. Idempotent."""
+    Returns ``(chunk, layers switched)``; at chunk 1 (a product already computes a row differently beside one other
+    row) every row is its own product, the one-row product plain decoding computes: exact, at the cost of reading
+    the weights once per row. Subclasses of ``nn.Linear`` (weight-major, PEFT, quantised layers) are left alone.
+    Idempotent."""
     import torch
     from torch import nn
 
@@ -380,8 +401,6 @@ def use_row_exact_linears(*modules: Any, max_rows: int = ROW_EXACT_MAX_ROWS) -> 
     chunk = min((row_exact_chunk(layer.out_features, layer.in_features, layer.bias is not None,
                                  str(layer.weight.dtype), str(layer.weight.device), torch.get_num_threads(), max_rows)
                  for layer in layers), default=max_rows)
-    if chunk < 2:
-        return chunk, 0
     for layer in layers:
         layer.__class__ = cls
         layer.row_chunk = chunk

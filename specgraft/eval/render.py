@@ -66,6 +66,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{report.get('prompt_format', 'text')}",
         f"- timing: baseline = plain decoding of the same target in the same process; {s.get('warmup')} warm-up "
         f"run(s), baseline and speculative interleaved per turn, median of {s.get('repeats')} repeat(s)",
+        _baseline_line(report),
         "",
         "| domain | prompts | tau | alpha_exact | acceptance by depth | tok/s spec | tok/s base | speedup (mean of "
         "ratios) | speedup (ratio of totals) | speedup/tau | lossless |",
@@ -94,6 +95,21 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += [f"![{key.replace('_', ' ')}]({file})", ""]
     lines.append(f"Answers: `{report.get('answers', ANSWERS_JSONL)}` (one line per prompt and turn).")
     return "\n".join(lines) + "\n"
+
+
+def _baseline_line(report: dict[str, Any]) -> str:
+    """Which plain decoding the speedups are against, and the kernels' own effect on plain decoding."""
+    overall = report.get(OVERALL) or {}
+    kernels = (report.get("measurement") or {}).get("kernels", "stock")
+    chosen = overall.get("baseline_kernels", "stock")
+    line = (f"- baseline kernels: {'stock (the model’s own attention, nn.Linear)' if chosen == 'stock' else chosen}; "
+            f"plain decoding with the stock kernels took {_fmt(overall.get('plain_stock_s'), 2)} s "
+            f"({_fmt(overall.get('plain_stock_tokens_per_s'), 1)} tok/s)")
+    if kernels != "stock" and overall.get("plain_kernel_s") is not None:
+        line += (f", with the eval's kernels ({kernels}) {_fmt(overall.get('plain_kernel_s'), 2)} s "
+                 f"({_fmt(overall.get('plain_kernel_over_stock'))}x the stock time); speedup against stock plain "
+                 f"decoding {_fmt(overall.get('speedup_vs_stock_ratio_of_totals'))}x (ratio of totals)")
+    return line
 
 
 # -- plots ----------------------------------------------------------------------------------------------------------

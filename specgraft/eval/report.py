@@ -28,6 +28,8 @@ Verification is always lossless: the engine has no lossy (typical) acceptance, s
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
 import statistics
@@ -43,6 +45,7 @@ from specgraft.eval import metrics
 from specgraft.eval.acceptance import reach_rates
 from specgraft.eval.decoder import GenerationResult, SpeculativeDecoder
 from specgraft.eval.drafter import Drafter
+from specgraft.eval.exact_attention import kernel_setting, stock_kernels
 from specgraft.eval.prompts import Prompt, domains, has_chat_template, render_turn
 from specgraft.eval.render import (  # noqa: F401 (PLOTS and the renderers are re-exported)
     ANSWERS_JSONL,
@@ -78,6 +81,10 @@ class TurnRecord:
     base: GenerationResult
     spec_times: list[float] = field(default_factory=list)
     base_times: list[float] = field(default_factory=list)
+    #: Plain decoding under the eval's own kernels, when they are not the stock ones (None otherwise): the kernel's
+    #: effect on plain decoding, reported beside the stock baseline (``base``).
+    kernel_plain: GenerationResult | None = None
+    kernel_plain_times: list[float] = field(default_factory=list)
     #: Greedy answers that differ: each answer's largest top-logit gap in ulps (:mod:`specgraft.eval.rounding`).
     spec_gap_ulps: float | None = None
     base_gap_ulps: float | None = None
@@ -126,22 +133,24 @@ def _context_limit(model: Any) -> int | None:
     return getattr(text_config(model), "max_position_embeddings", None)
 
 
-def _timed_pair(base: SpeculativeDecoder, spec: SpeculativeDecoder, ids: list[int], settings: EvalSettings,
-                seed: int) -> tuple[GenerationResult, GenerationResult, list[float], list[float]]:
-    """Run baseline then speculative ``repeats`` times; return the first results with median times."""
-    base_runs, spec_runs = [], []
+def _timed_runs(runs: Sequence[tuple[SpeculativeDecoder, Any]], ids: list[int], settings: EvalSettings,
+                seed: int) -> list[tuple[GenerationResult, list[float]]]:
+    """Run each ``(decoder, context factory)`` in turn, ``repeats`` times interleaved; return each one's first result
+    with median times, and its times."""
+    results: list[list[GenerationResult]] = [[] for _ in runs]
     for _ in range(settings.repeats):
-        base_runs.append(base.generate(ids, settings.max_new_tokens, seed=seed))
-        spec_runs.append(spec.generate(ids, settings.max_new_tokens, seed=seed))
-    b, s = base_runs[0], spec_runs[0]
-    base_times = [r.wall_time_s for r in base_runs]
-    spec_times = [r.wall_time_s for r in spec_runs]
-    b.wall_time_s = statistics.median(base_times)
-    s.wall_time_s = statistics.median(spec_times)
-    for part in ("draft_time_s", "prefill_time_s", "verify_time_s"):
-        for first, runs in ((b, base_runs), (s, spec_runs)):
-            setattr(first, part, statistics.median(getattr(r, part) for r in runs))
-    return b, s, base_times, spec_times
+        for out, (decoder, scope) in zip(results, runs):
+            with scope():
+                out.append(decoder.generate(ids, settings.max_new_tokens, seed=seed))
+    timed = []
+    for out in results:
+        first = out[0]
+        times = [r.wall_time_s for r in out]
+        first.wall_time_s = statistics.median(times)
+        for part in ("draft_time_s", "prefill_time_s", "verify_time_s"):
+            setattr(first, part, statistics.median(getattr(r, part) for r in out))
+        timed.append((first, times))
+    return timed
 
 
 def run_eval(
@@ -192,13 +201,23 @@ def run_eval(
                                      "it or remove it from the prompt file")
     common = dict(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
                   ignore_eos=settings.ignore_eos, seed=settings.seed)
-    base = SpeculativeDecoder(model, tok, drafter=None, **common)
+    # The baseline is the user's own plain decoding: the stock kernels (transformers' attention, nn.Linear) in the
+    # same dtype, whatever kernels the speculative run uses. Plain decoding under those kernels is timed beside it
+    # when they are not stock, and the faster of the two plain settings is the one speedups are measured against.
+    setting = kernel_setting(model)
+    with stock_kernels(model):
+        base = SpeculativeDecoder(model, tok, drafter=None, **common)
+    runs: list[tuple[SpeculativeDecoder, Any]] = [(base, functools.partial(stock_kernels, model))]
+    if setting != "stock":
+        runs.append((SpeculativeDecoder(model, tok, drafter=None, **common), contextlib.nullcontext))
     spec = SpeculativeDecoder(model, tok, drafter=drafter, **common)
+    runs.append((spec, contextlib.nullcontext))
 
     warm_ids = first_turns[0][1]
     for _ in range(settings.warmup):
-        base.generate(warm_ids, settings.max_new_tokens, seed=settings.seed)
-        spec.generate(warm_ids, settings.max_new_tokens, seed=settings.seed)
+        for decoder, scope in runs:
+            with scope():
+                decoder.generate(warm_ids, settings.max_new_tokens, seed=settings.seed)
     recorder = getattr(drafter, "acceptance", None)
     if recorder is not None:
         recorder.reset()  # count the measured turns only, not the warm-up
@@ -222,11 +241,14 @@ def run_eval(
                     skipped.append({"prompt_id": p.id, "domain": p.domain, "from_turn": turn, "tokens": len(ids)})
                     bar.update(left)
                     break
-                b, s, base_times, spec_times = _timed_pair(base, spec, ids, settings, settings.seed + generation)
+                timed = _timed_runs(runs, ids, settings, settings.seed + generation)
+                (b, base_times), (s, spec_times) = timed[0], timed[-1]
                 generation += 1
                 answers.append(s.text or "")
                 record = TurnRecord(prompt=p, turn=turn, prompt_text=text, prompt_tokens=len(ids), spec=s, base=b,
                                     spec_times=spec_times, base_times=base_times)
+                if len(timed) == 3:
+                    record.kernel_plain, record.kernel_plain_times = timed[1]
                 if settings.greedy and not record.identical:
                     # Why they differ: a rounding tie (bf16) or a bug; one teacher-forced forward per answer.
                     record.spec_gap_ulps = greedy_gap_ulps(model, ids, s.generated_ids)
@@ -238,7 +260,7 @@ def run_eval(
                 time.perf_counter() - started)
 
     report = build_report(records, settings, identity, drafter_info or describe_drafter(drafter),
-                          domain_order=domains(prompts))
+                          domain_order=domains(prompts), kernels=setting)
     report["prompt_format"] = "chat_template" if has_chat_template(tok) else "raw_text"
     if recorder is not None:
         # Per-(depth, rank) and, for static trees, per-node acceptance (eval.acceptance): what `specgraft tune`
@@ -304,7 +326,7 @@ def lossless_summary(records: Sequence[TurnRecord], greedy: bool) -> dict[str, A
     return out
 
 
-def summarize_records(records: Sequence[TurnRecord], greedy: bool) -> dict[str, Any]:
+def summarize_records(records: Sequence[TurnRecord], greedy: bool, kernels: str = "stock") -> dict[str, Any]:
     """The metrics of a group of turns (a domain or all): the :data:`METRIC_KEYS` plus supporting counts.
 
     ``draft_cost_per_step`` and ``verify_cost_per_step`` are the measured per-step times of drafting and of the
@@ -312,15 +334,24 @@ def summarize_records(records: Sequence[TurnRecord], greedy: bool) -> dict[str, 
     seconds per token); ``specgraft simulate --report`` uses them as the measured cost model.
     """
     spec = metrics.summarize([r.spec for r in records])
-    base = metrics.summarize([r.base for r in records])
+    stock = metrics.summarize([r.base for r in records])
     per_prompt: dict[tuple[str, str], list[TurnRecord]] = {}
     for r in records:
         per_prompt.setdefault((r.prompt.source, r.prompt.id), []).append(r)
-    base_pairs = [(sum(r.base.num_new_tokens for r in rs), sum(r.base.wall_time_s for r in rs))
-                  for rs in per_prompt.values()]
-    spec_pairs = [(sum(r.spec.num_new_tokens for r in rs), sum(r.spec.wall_time_s for r in rs))
-                  for rs in per_prompt.values()]
-    speed = _safe_speedup(base_pairs, spec_pairs)
+
+    def pairs(results: Any) -> list[tuple[int, float]]:
+        return [(sum(results(r).num_new_tokens for r in rs), sum(results(r).wall_time_s for r in rs))
+                for rs in per_prompt.values()]
+
+    spec_pairs = pairs(lambda r: r.spec)
+    stock_speed = _safe_speedup(pairs(lambda r: r.base), spec_pairs)
+    kernel_plain = (metrics.summarize([r.kernel_plain for r in records])
+                    if records and all(r.kernel_plain is not None for r in records) else None)
+    # The baseline: stock plain decoding, unless plain decoding under the eval's kernels measured faster (then
+    # that one, named in baseline_kernels): a speedup is never taken against the slower plain setting.
+    faster_kernel = kernel_plain is not None and kernel_plain["wall_time_s"] < stock["wall_time_s"]
+    base = kernel_plain if faster_kernel else stock
+    speed = _safe_speedup(pairs(lambda r: r.kernel_plain), spec_pairs) if faster_kernel else stock_speed
     base_step = base["wall_time_s"] / base["new_tokens"] if base["new_tokens"] else float("nan")
     steps = spec["steps"]
     draft_cost = spec["draft_time_s"] / steps / base_step if steps and base_step > 0 else float("nan")
@@ -357,13 +388,25 @@ def summarize_records(records: Sequence[TurnRecord], greedy: bool) -> dict[str, 
         "verify_time_s": spec["verify_time_s"],
         "draft_cost_per_step": draft_cost,
         "verify_cost_per_step": verify_cost,
+        # The plain-decoding settings, named: stock (the user's own) always, the eval's kernels when they differ.
+        "baseline_kernels": kernels if faster_kernel else "stock",
+        "plain_stock_s": stock["wall_time_s"],
+        "plain_stock_tokens_per_s": stock["tokens_per_s"],
+        "speedup_vs_stock_ratio_of_totals": stock_speed["ratio_of_totals"],
+        "speedup_vs_stock_mean_of_ratios": stock_speed["mean_of_ratios"],
+        "plain_kernel_s": kernel_plain["wall_time_s"] if kernel_plain else None,
+        "plain_kernel_tokens_per_s": kernel_plain["tokens_per_s"] if kernel_plain else None,
+        "plain_kernel_over_stock": (kernel_plain["wall_time_s"] / stock["wall_time_s"]
+                                    if kernel_plain and stock["wall_time_s"] else None),
     })
     return out
 
 
 def build_report(records: Sequence[TurnRecord], settings: EvalSettings, target: dict[str, Any],
-                 drafter: dict[str, Any], domain_order: Sequence[str] | None = None) -> dict[str, Any]:
-    """The report.json object (NaN written as null)."""
+                 drafter: dict[str, Any], domain_order: Sequence[str] | None = None,
+                 kernels: str = "stock") -> dict[str, Any]:
+    """The report.json object (NaN written as null). ``kernels``: the kernel setting the speculative run used
+    (:func:`specgraft.eval.exact_attention.kernel_setting`)."""
     order = list(domain_order) if domain_order else list(dict.fromkeys(r.prompt.domain for r in records))
     groups = {d: [r for r in records if r.prompt.domain == d] for d in order}
     report = {
@@ -371,14 +414,20 @@ def build_report(records: Sequence[TurnRecord], settings: EvalSettings, target: 
         "drafter": {"type": drafter.get("type"), "path": drafter.get("path"), "mode": drafter.get("mode"),
                     **{k: v for k, v in drafter.items() if k not in ("type", "path", "mode")}},
         "settings": settings.to_dict(),
-        "overall": summarize_records(records, settings.greedy) if records else {},
-        "domains": {d: summarize_records(rs, settings.greedy) for d, rs in groups.items() if rs},
+        "overall": summarize_records(records, settings.greedy, kernels) if records else {},
+        "domains": {d: summarize_records(rs, settings.greedy, kernels) for d, rs in groups.items() if rs},
         "plots": dict(PLOTS),
         "answers": ANSWERS_JSONL,
         "measurement": {
-            "baseline": "the same decoder without a drafter (plain autoregressive decoding), same prompts and "
-                        "max_new_tokens",
-            "order": "baseline then speculative, interleaved per turn, after warm-up",
+            "baseline": "plain autoregressive decoding (the same decoder without a drafter) with the stock kernels "
+                        "(the model's own attention, nn.Linear) in the same dtype, same prompts and max_new_tokens; "
+                        "where plain decoding under the eval's kernels measured faster, that one "
+                        "(overall.baseline_kernels says which)",
+            "baseline_stock_kernels": True,
+            "kernels": kernels,
+            "plain_settings": ["stock"] + ([kernels] if kernels != "stock" else []),
+            "order": "plain (stock kernels), plain (the eval's kernels, when not stock), then speculative, "
+                     "interleaved per turn, after warm-up",
             "warmup_runs": settings.warmup,
             "repeats": settings.repeats,
             "time": "median over repeats",
@@ -414,6 +463,7 @@ def answer_lines(records: Sequence[TurnRecord]) -> list[dict[str, Any]]:
             "baseline_new_tokens": r.base.num_new_tokens,
             "time_s": r.spec.wall_time_s,
             "baseline_time_s": r.base.wall_time_s,
+            "plain_kernel_time_s": r.kernel_plain.wall_time_s if r.kernel_plain is not None else None,
             "times_s": r.spec_times,
             "baseline_times_s": r.base_times,
             "tokens_per_s": r.spec.tokens_per_second,

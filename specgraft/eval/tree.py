@@ -113,6 +113,16 @@ class TreeStructure:
             return out
         return self._cached("row_paths", device, build)
 
+    @functools.cached_property
+    def rows_by_depth(self) -> tuple[tuple[int, tuple[int, ...], tuple[tuple[int, ...], ...]], ...]:
+        """``(depth, rows, paths)`` for each depth present, shallowest first: the verification rows at that depth
+        (row 0 = root) and each one's root-to-row path of rows (``depth + 1`` entries, root first). Host-side."""
+        by_depth: dict[int, list[int]] = {}
+        for row, depth in enumerate((0,) + self.depths):
+            by_depth.setdefault(depth, []).append(row)
+        return tuple((depth, tuple(rows), tuple(tuple([0] + [i + 1 for i in self.path_to(row - 1)]) for row in rows))
+                     for depth, rows in sorted(by_depth.items()))
+
     def node_depths(self, device: torch.device | str | None = None) -> torch.Tensor:
         """[n] int64 depth of each node."""
         return self._cached("node_depths", device, lambda: torch.tensor(self.depths, dtype=torch.long))

@@ -656,8 +656,12 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
 
 
 def _measured(overall: dict[str, Any]) -> dict[str, Any]:
-    return {k: overall.get(k) for k in ("tau", "tokens_per_s", "baseline_tokens_per_s", "speedup_ratio_of_totals",
+    kept = {k: overall.get(k) for k in ("tau", "tokens_per_s", "baseline_tokens_per_s", "speedup_ratio_of_totals",
                                         "lossless_check")}
+    # Which plain decoding the speedup is against, and stock plain decoding's speed (absent in older reports).
+    kept.update({k: overall[k] for k in ("baseline_kernels", "plain_stock_tokens_per_s", "plain_kernel_tokens_per_s",
+                                         "speedup_vs_stock_ratio_of_totals") if k in overall})
+    return kept
 
 
 def _profile_label(profile: CostProfile, kind: str, source_dir: Path) -> str:

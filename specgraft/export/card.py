@@ -305,6 +305,13 @@ def _evaluation(report: Mapping[str, Any] | None) -> list[str]:
     depth = overall.get("acceptance_by_depth")
     if depth:
         lines += ["Acceptance by draft depth (overall): " + ", ".join(_fmt(x, 3) for x in depth) + ".", ""]
+    if "baseline_kernels" in overall:  # reports from before it timed the baseline with the eval's own kernels
+        chosen = overall["baseline_kernels"]
+        lines += [f"Baseline: plain decoding with {'the stock kernels' if chosen == 'stock' else chosen} in the same "
+                  f"dtype and process ({_fmt(overall.get('baseline_tokens_per_s'), 1)} tokens/s); plain decoding "
+                  f"with the stock kernels: {_fmt(overall.get('plain_stock_tokens_per_s'), 1)} tokens/s"
+                  + (f", with the eval's kernels: {_fmt(overall.get('plain_kernel_tokens_per_s'), 1)} tokens/s"
+                     if overall.get("plain_kernel_tokens_per_s") is not None else "") + ".", ""]
     if "lossless_check" in overall:
         lines += [f"Lossless check: {overall['lossless_check']}.", ""]
     titles = {"tau_by_domain": "tau by domain", "acceptance_by_depth": "acceptance by depth",

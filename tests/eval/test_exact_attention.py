@@ -11,14 +11,12 @@ from specgraft.errors import SpecgraftError
 from specgraft.eval.decoder import SpeculativeDecoder
 from specgraft.eval.drafter import DraftContext, Drafter
 from specgraft.eval.exact_attention import (
-    KEY_BLOCK,
     ROWS_KWARG,
     apply_attention_kernel,
     attention_kernel_of,
     chain_row_keys,
     exact_attention_forward,
     row_keys,
-    rows_computed_independently,
 )
 from specgraft.eval.tree import DraftTree, tree_structure
 from specgraft.testing import tiny_model
@@ -27,19 +25,19 @@ KV_HEADS, GROUP, DIM = 2, 3, 16
 MODULE = types.SimpleNamespace(num_key_value_groups=GROUP, is_causal=True)
 
 
-def require_row_exact_kernels(kv_heads: int, group: int, dim: int, dtype: torch.dtype) -> None:
-    """Skip a bit-equality check on a machine whose BLAS does not compute rows independently at this shape (the
-    kernel's premise; there ``apply_attention_kernel`` refuses ``exact``:
-    ``test_exact_is_refused_in_one_line_where_rows_are_not_independent``). Closeness to the float64 reference is
-    asserted before this is called, everywhere."""
-    if not rows_computed_independently(kv_heads, group, dim, str(dtype), "cpu"):
-        pytest.skip(f"this machine's matmul kernels are not row-independent at {kv_heads}x{group}x{dim} {dtype}: "
-                    "exact attention is refused here, so its bit equality cannot hold")
-
-
 def _attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows) -> torch.Tensor:
     out, _ = exact_attention_forward(MODULE, query, keys, values, None, scaling=DIM ** -0.5, **{ROWS_KWARG: rows})
     return out  # [1, q, H, d]
+
+
+def _plain_step(module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float) -> torch.Tensor:
+    """The attention call of a one-token step of plain decoding with the stock kernel: transformers' sdpa with one
+    query row, no mask and the contiguous cache of the positions the row sees: [H, d]."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    out, _ = sdpa_attention_forward(module, query.contiguous(), keys.contiguous(), values.contiguous(), None,
+                                    scaling=scaling)
+    return out[0, 0]
 
 
 def _reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -54,73 +52,63 @@ def _reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) ->
 TREE_PARENTS = (-1, -1, -1, 1, 1, 4, 2, 5, 7)
 
 
+def _own_slots(structure, past: int, row: int) -> torch.Tensor:
+    """What plain decoding holds when it reaches verification row ``row``: the prefix, then the row's path."""
+    path = structure.row_paths()[row, : int(structure.row_depths()[row]) + 1]
+    return torch.cat([torch.arange(past), past + path])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("past", [0, 1, 5, KEY_BLOCK - 3, KEY_BLOCK, KEY_BLOCK + 1, 3 * KEY_BLOCK - 2])
-def test_every_tree_row_equals_the_one_row_call_on_its_own_keys(dtype, past):
+@pytest.mark.parametrize("past", [0, 1, 5, 13, 30, 509, 600])
+def test_every_tree_row_is_plain_decodings_own_stock_call(dtype, past):
+    """By construction, not by probe: each row's output is bit for bit the stock one-row sdpa call on its own keys,
+    at cache lengths on both sides of the flash kernel's 512-key block, in both dtypes, with no skip."""
     torch.manual_seed(past)
     structure = tree_structure(TREE_PARENTS)
     q = structure.size + 1
-    heads = KV_HEADS * GROUP
     keys = torch.randn(1, KV_HEADS, past + q, DIM).to(dtype)
     values = torch.randn(1, KV_HEADS, past + q, DIM).to(dtype)
-    query = torch.randn(1, heads, q, DIM).to(dtype)
-    out = _attend(query, keys, values, row_keys(past, structure.row_paths(), structure.row_depths()))
-    alone = []
+    query = torch.randn(1, KV_HEADS * GROUP, q, DIM).to(dtype)
+    out = _attend(query, keys, values, row_keys(past, structure))
     for r in range(q):
-        # What plain decoding holds when it reaches row r: the prefix, then r's path in order, then r itself.
-        path = structure.row_paths()[r, : int(structure.row_depths()[r]) + 1]
-        slots = torch.cat([torch.arange(past), past + path])
+        slots = _own_slots(structure, past, r)
         own_k, own_v = keys[:, :, slots], values[:, :, slots]
-        alone.append(_attend(query[:, :, r : r + 1], own_k, own_v, chain_row_keys(len(slots) - 1, 1)))
         ref = _reference(query[0, :, r], own_k[0], own_v[0])
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(out[0, r].double(), ref, atol=tol, rtol=tol)
-        torch.testing.assert_close(alone[r][0, 0].double(), ref, atol=tol, rtol=tol)
-    require_row_exact_kernels(KV_HEADS, GROUP, DIM, dtype)
-    for r in range(q):
-        assert torch.equal(out[0, r], alone[r][0, 0]), f"row {r} differs from its one-row call"
+        alone = _plain_step(MODULE, query[:, :, r : r + 1], own_k, own_v, DIM ** -0.5)
+        assert torch.equal(out[0, r], alone), f"row {r} differs from plain decoding's call"
 
 
 @pytest.mark.parametrize("past", [200, 613])
-def test_rows_equal_their_one_row_calls_at_a_real_model_shape(past):
-    """SmolLM2's attention shape (9 query heads over 3 KV heads of 64) in bf16, at cache lengths whose block counts
-    (13 and 39 with the tree) are not powers of two: the block sum's first, unpadded level is exercised."""
+def test_rows_equal_plain_steps_at_a_real_model_shape(past):
+    """SmolLM2's attention shape (9 query heads over 3 KV heads of 64) in bf16, a tree and a 12-row chain."""
     torch.manual_seed(past)
     module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True)
-    structure = tree_structure(TREE_PARENTS)
-    q = structure.size + 1
-    keys, values = (torch.randn(1, 3, past + q, 64).bfloat16() for _ in range(2))
-    query = torch.randn(1, 9, q, 64).bfloat16()
-    paths, depths = structure.row_paths(), structure.row_depths()
-    out, _ = exact_attention_forward(module, query, keys, values, None, scaling=0.125,
-                                     **{ROWS_KWARG: row_keys(past, paths, depths)})
-    alone = []
-    for r in range(q):
-        slots = torch.cat([torch.arange(past), past + paths[r, : int(depths[r]) + 1]])
-        alone.append(exact_attention_forward(module, query[:, :, r : r + 1], keys[:, :, slots], values[:, :, slots],
-                                             None, scaling=0.125,
-                                             **{ROWS_KWARG: chain_row_keys(len(slots) - 1, 1)})[0])
-        torch.testing.assert_close(out[0, r].float(), alone[r][0, 0].float(), atol=2e-2, rtol=2e-2)
-    require_row_exact_kernels(3, 3, 64, torch.bfloat16)
-    for r in range(q):
-        assert torch.equal(out[0, r], alone[r][0, 0]), f"row {r} differs from its one-row call"
+    for structure in (tree_structure(TREE_PARENTS), tree_structure(tuple(range(-1, 11)))):
+        q = structure.size + 1
+        keys, values = (torch.randn(1, 3, past + q, 64).bfloat16() for _ in range(2))
+        query = torch.randn(1, 9, q, 64).bfloat16()
+        out, _ = exact_attention_forward(module, query, keys, values, None, scaling=0.125,
+                                         **{ROWS_KWARG: row_keys(past, structure)})
+        for r in range(q):
+            slots = _own_slots(structure, past, r)
+            alone = _plain_step(module, query[:, :, r : r + 1], keys[:, :, slots], values[:, :, slots], 0.125)
+            assert torch.equal(out[0, r], alone), f"row {r} differs from plain decoding's call"
 
 
 def test_a_chain_layout_is_causal_and_matches_row_by_row_decoding():
     torch.manual_seed(0)
-    past, q = KEY_BLOCK + 7, 12
+    past, q = 23, 12
     keys, values = torch.randn(1, KV_HEADS, past + q, DIM), torch.randn(1, KV_HEADS, past + q, DIM)
     query = torch.randn(1, KV_HEADS * GROUP, q, DIM)
     out = _attend(query, keys, values, chain_row_keys(past, q))
-    alone = []
     for r in range(q):
         n = past + r + 1
-        alone.append(_attend(query[:, :, r : r + 1], keys[:, :, :n], values[:, :, :n], chain_row_keys(n - 1, 1)))
         torch.testing.assert_close(out[0, r].double(), _reference(query[0, :, r], keys[0, :, :n], values[0, :, :n]),
                                    atol=1e-5, rtol=1e-5)  # causal: row r sees exactly the first n keys
-    require_row_exact_kernels(KV_HEADS, GROUP, DIM, torch.float32)
-    for r in range(q):
-        assert torch.equal(out[0, r], alone[r][0, 0])
+        assert torch.equal(out[0, r], _plain_step(MODULE, query[:, :, r : r + 1], keys[:, :, :n], values[:, :, :n],
+                                                  DIM ** -0.5))
 
 
 def test_stock_attention_is_the_control_it_depends_on_the_call():
@@ -130,7 +118,7 @@ def test_stock_attention_is_the_control_it_depends_on_the_call():
 
     torch.manual_seed(1)
     differs = 0
-    for past in (5, KEY_BLOCK + 3, 2 * KEY_BLOCK + 9):
+    for past in (5, 19, 41):
         q = 9
         keys = torch.randn(1, KV_HEADS, past + q, DIM, dtype=torch.bfloat16)
         values = torch.randn(1, KV_HEADS, past + q, DIM, dtype=torch.bfloat16)
@@ -172,21 +160,18 @@ class _DecoyTree(Drafter):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_speculative_answers_are_token_identical_with_exact_attention(dtype):
+    """Token-identical to plain decoding with the STOCK kernels, in fp32 too (where MKL's products regroup a row's
+    sum from 2 rows on, every verified row is then its own product)."""
     model = tiny_model("llama", max_position_embeddings=512).to(dtype)
-    config = model.config
-    kv, dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
-    if not rows_computed_independently(kv, config.num_attention_heads // kv, dim, str(dtype), "cpu"):
-        with pytest.raises(SpecgraftError, match="cannot be bit-exact on this machine"):
-            apply_attention_kernel("exact", model)
-        assert attention_kernel_of(model) == "stock"
-        pytest.skip("this machine's kernels are not row-independent at the tiny model's shape: exact is refused")
+    prompts = ([5, 9, 17, 33], list(range(3, 24)))
+    plain = [SpeculativeDecoder(model, ignore_eos=True).generate(p, 40).generated_ids for p in prompts]
     assert apply_attention_kernel("exact", model) == "exact" and attention_kernel_of(model) == "exact"
-    for prompt in ([5, 9, 17, 33], list(range(3, 3 + KEY_BLOCK + 5))):
-        plain = SpeculativeDecoder(model, ignore_eos=True).generate(prompt, 40)
-        drafter = _DecoyTree(plain.generated_ids, 3, model.config.vocab_size)
+    for prompt, stock_plain in zip(prompts, plain):
+        assert SpeculativeDecoder(model, ignore_eos=True).generate(prompt, 40).generated_ids == stock_plain
+        drafter = _DecoyTree(stock_plain, 3, model.config.vocab_size)
         spec = SpeculativeDecoder(model, drafter=drafter, ignore_eos=True).generate(prompt, 40)
-        assert spec.generated_ids == plain.generated_ids
-        assert spec.num_steps < plain.num_steps  # the right branch was accepted: trees were really verified
+        assert spec.generated_ids == stock_plain
+        assert spec.num_steps < 40  # the right branch was accepted: trees were really verified
     model.set_attn_implementation("sdpa")
     assert attention_kernel_of(model) == "stock"
 
@@ -194,19 +179,12 @@ def test_speculative_answers_are_token_identical_with_exact_attention(dtype):
 def test_trees_larger_than_the_gemm_row_block_stay_token_identical_in_bf16():
     """A SmolLM2-wide bf16 model verifying 41-row trees: beyond 32 rows oneDNN's bf16 GEMM (AMX) computes rows
     differently from the one-row call, so the exact path splits the linear layers' products."""
-    from specgraft.eval.kernels import row_exact_linear_class
-
     model = tiny_model("llama", max_position_embeddings=512, hidden_size=576, intermediate_size=1536,
                        num_attention_heads=9, num_key_value_heads=3, num_hidden_layers=2).to(torch.bfloat16)
-    config = model.config
-    if not rows_computed_independently(3, 3, 64, str(torch.bfloat16), "cpu"):
-        pytest.skip("this machine's kernels are not row-independent at this attention shape: exact is refused")
+    prompt = list(range(3, 26))
+    plain = SpeculativeDecoder(model, ignore_eos=True).generate(prompt, 60)  # stock kernels
     assert apply_attention_kernel("exact", model) == "exact"
-    if type(model.lm_head) is not row_exact_linear_class():
-        pytest.skip("this machine's bf16 GEMM differs from 2 rows on: the linear layers stay exact by margin only")
-    prompt = list(range(3, 3 + KEY_BLOCK + 7))
-    plain = SpeculativeDecoder(model, ignore_eos=True).generate(prompt, 60)
-    drafter = _DecoyTree(plain.generated_ids, 20, config.vocab_size)  # 40 nodes + the root per full step
+    drafter = _DecoyTree(plain.generated_ids, 20, model.config.vocab_size)  # 40 nodes + the root per full step
     spec = SpeculativeDecoder(model, drafter=drafter, ignore_eos=True).generate(prompt, 60)
     assert max(spec.draft_sizes) == 40
     assert spec.generated_ids == plain.generated_ids
@@ -232,19 +210,6 @@ def test_a_batch_or_a_mismatched_layout_is_refused():
                                 **{ROWS_KWARG: rows})
 
 
-def test_pairwise_sum_is_unchanged_by_trailing_zeros_and_exact_to_rounding():
-    from specgraft.eval.exact_attention import pairwise_sum
-
-    torch.manual_seed(0)
-    x = torch.randn(3, 11, 5)
-    base = pairwise_sum(x, dim=1)
-    for extra in (1, 5, 21):
-        padded = torch.cat([x, torch.zeros(3, extra, 5)], dim=1)
-        assert torch.equal(pairwise_sum(padded, dim=1), base)
-    torch.testing.assert_close(base.double(), x.double().sum(1), atol=1e-5, rtol=1e-5)
-    assert torch.equal(pairwise_sum(x[:, :1], dim=-2), x[:, 0])
-
-
 def test_profile_measured_with_another_attention_kernel_warns_naming_both():
     from specgraft.eval.cost import CostProfile, check_profile
 
@@ -259,22 +224,37 @@ def test_profile_measured_with_another_attention_kernel_warns_naming_both():
     assert check_profile(profile, None, None, attention_kernel="exact") == []
 
 
-def test_exact_is_refused_in_one_line_where_rows_are_not_independent(monkeypatch):
-    """Where the BLAS computes a row differently beside other rows (an AMD EPYC's MKL in fp32), exact attention
-    cannot keep its promise: the switch is refused, naming the shape and the fix, and the model is left as it was."""
+def test_exact_is_refused_in_one_line_where_the_attention_check_fails(monkeypatch):
+    """A torch build whose attention kernel computed a row differently in a batch than alone: refused, naming the
+    shape and the fix, and the model is left as it was."""
     import specgraft.eval.exact_attention as exact
 
-    model = tiny_model("llama", max_position_embeddings=512)
-    monkeypatch.setattr(exact, "rows_computed_independently", lambda *args: False)
-    with pytest.raises(SpecgraftError, match=r"cannot be bit-exact on this machine.*use --attention-kernel stock"):
+    model = tiny_model("llama", max_position_embeddings=512).to(torch.bfloat16)
+    monkeypatch.setattr(exact, "rows_match_one_row_calls", lambda *args: False)
+    with pytest.raises(SpecgraftError, match=r"cannot be bit-exact with this torch build.*kernel stock"):
         exact.apply_attention_kernel("exact", model)
     assert attention_kernel_of(model) == "stock"
-    monkeypatch.setattr(exact, "rows_computed_independently", lambda *args: True)
-    assert exact.apply_attention_kernel("exact", model) == "exact"
 
 
-def test_the_probe_sees_a_row_dependent_kernel(monkeypatch):
-    """Negative control for the probe: a kernel whose row result depends on the call's row count is caught."""
+def test_exact_stays_exact_where_the_linear_products_are_not_row_exact(monkeypatch, caplog):
+    """Where the GEMM regroups a row's sum from 2 rows on (MKL in fp32, some bf16 shapes on an AMD EPYC), every
+    verified row is its own product: still token-identical, with a warning that names the cost and the fast kernel."""
+    import specgraft.eval.kernels as kernels
+
+    model = tiny_model("llama", max_position_embeddings=512).to(torch.bfloat16)
+    prompt = [5, 9, 17, 33]
+    plain = SpeculativeDecoder(model, ignore_eos=True).generate(prompt, 30).generated_ids
+    monkeypatch.setattr(kernels, "row_exact_chunk", lambda *args: 1)
+    with caplog.at_level("WARNING"):
+        assert apply_attention_kernel("exact", model) == "exact"
+    assert "one row per product" in caplog.text and "--attention-kernel stock" in caplog.text
+    assert {layer.row_chunk for layer in model.modules() if isinstance(layer, torch.nn.Linear)} == {1}
+    spec = SpeculativeDecoder(model, drafter=_DecoyTree(plain, 3, model.config.vocab_size), ignore_eos=True)
+    assert spec.generate(prompt, 30).generated_ids == plain
+
+
+def test_the_check_sees_a_row_dependent_kernel(monkeypatch):
+    """Negative control for the construction check: a kernel whose row result depends on the call's row count."""
     import specgraft.eval.exact_attention as exact
 
     real = exact.exact_attention_forward
@@ -284,10 +264,39 @@ def test_the_probe_sees_a_row_dependent_kernel(monkeypatch):
         return out * (1 + 0.05 * (query.shape[2] > 1)), extra  # visible in bf16 too
 
     monkeypatch.setattr(exact, "exact_attention_forward", skewed)
-    exact.rows_computed_independently.cache_clear()
+    exact.rows_match_one_row_calls.cache_clear()
     try:
-        assert not exact.rows_computed_independently(2, 3, 16, "torch.float32", "cpu")
-        assert not exact.rows_computed_independently(2, 3, 16, "torch.bfloat16", "cpu")
+        assert not exact.rows_match_one_row_calls(2, 3, 16, "float32", "cpu")
+        assert not exact.rows_match_one_row_calls(2, 3, 16, "torch.bfloat16", "cpu")
     finally:
         monkeypatch.undo()
-        exact.rows_computed_independently.cache_clear()
+        exact.rows_match_one_row_calls.cache_clear()
+    assert exact.rows_match_one_row_calls(2, 3, 16, "bfloat16", "cpu")  # the real kernel passes
+
+
+@torch.no_grad()
+def test_activations_and_rotary_tables_compute_a_verification_row_by_row_and_nothing_else():
+    """Their vectorised transcendental functions round a row's tail elements differently alone than inside a
+    bigger call; inside a verification each row is its own call, outside (prefill, drafting) the module is as
+    before, and the switch keeps the module's identity and state."""
+    from specgraft.eval.exact_attention import rows_one_at_a_time, use_row_by_row_elementwise
+
+    model = tiny_model("llama", max_position_embeddings=512, intermediate_size=172).to(torch.bfloat16)
+    act, rotary = model.model.layers[0].mlp.act_fn, model.model.rotary_emb
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(1, 9, 172).to(torch.bfloat16)
+    positions = torch.arange(200, 209).unsqueeze(0)
+    stock_act, stock_rotary = act(x), rotary(x, positions)
+    switched = use_row_by_row_elementwise(model)
+    assert switched == model.config.num_hidden_layers + 1 and model.model.layers[0].mlp.act_fn is act
+    assert use_row_by_row_elementwise(model) == switched  # idempotent
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert torch.equal(act(x), stock_act)  # outside a verification: the stock call
+    assert all(torch.equal(a, b) for a, b in zip(rotary(x, positions), stock_rotary))
+    with rows_one_at_a_time(model):
+        rowwise, (cos, sin) = act(x), rotary(x, positions)
+    for r in range(9):
+        assert torch.equal(rowwise[:, r : r + 1], act(x[:, r : r + 1]))
+        one_cos, one_sin = rotary(x, positions[:, r : r + 1])
+        assert torch.equal(cos[:, r : r + 1], one_cos) and torch.equal(sin[:, r : r + 1], one_sin)
+    torch.testing.assert_close(rowwise.float(), stock_act.float(), atol=1e-2, rtol=1e-2)

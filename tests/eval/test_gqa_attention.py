@@ -128,3 +128,20 @@ def test_auto_picks_gqa_only_where_kv_heads_are_grouped_on_the_cpu():
     model = tiny_model("llama")
     assert apply_attention_kernel("auto", model) == "gqa" == attention_kernel_of(model)
     assert apply_attention_kernel("stock", tiny_model("llama")) == "stock"
+
+
+def test_a_soft_capped_model_is_refused_in_one_line_and_auto_keeps_it_stock():
+    """Gemma-2 caps its attention logits, which sdpa cannot: gqa would raise on the first forward, so the switch is
+    refused before anything changes, and auto leaves such a model on its own attention."""
+    from specgraft.errors import SpecgraftError
+
+    model = tiny_model("gemma2")
+    assert model.config.attn_logit_softcapping
+    model.config._attn_implementation = "sdpa"  # as if sdpa had capping: auto must still not pick gqa
+    with pytest.raises(SpecgraftError, match=r"soft-capping.*use --attention-kernel stock"):
+        apply_attention_kernel("gqa", model)
+    assert attention_kernel_of(model) == "stock"
+    assert resolve_attention_kernel("auto", model) == "stock"
+    model.config._attn_implementation = "eager"
+    prompt = [5, 9, 17]
+    assert SpeculativeDecoder(model, ignore_eos=True).generate(prompt, 5).num_new_tokens == 5  # still decodes

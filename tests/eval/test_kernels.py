@@ -19,6 +19,7 @@ from specgraft.eval.kernels import (
     resolve_linear_kernel,
     row_exact_chunk,
     row_exact_linear_class,
+    row_exact_probes,
     use_row_exact_linears,
     use_stock_linears,
     use_weight_major_linears,
@@ -240,42 +241,65 @@ def test_layers_of_one_shape_decide_single_row_padding_together(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @torch.no_grad()
 def test_the_row_exact_chunk_is_the_largest_row_count_computed_row_by_row(dtype):
-    """Every row count up to the probed chunk gives each row its one-row bits; one more row does not (the negative
-    control: the probe stops where this machine's GEMM changes kernels, SmolLM2's width here)."""
+    """Every row count up to the probed chunk gives each row its one-row bits, on fresh random inputs too; one more
+    row does not on the probe's inputs (the negative control: the probe stops where this machine's GEMM changes its
+    summation, SmolLM2's width here)."""
     max_rows = 40
     chunk = row_exact_chunk(576, 576, True, str(dtype), "cpu", torch.get_num_threads(), max_rows)
     assert 1 <= chunk <= max_rows
     gen = torch.Generator().manual_seed(3)
     weight, bias = torch.randn(576, 576, generator=gen).to(dtype), torch.randn(576, generator=gen).to(dtype)
-    inputs = [torch.randn(max_rows + 1, 576, generator=gen).to(dtype) for _ in range(3)]
-    differs_after = False
-    for x in inputs:
+    for x in [torch.randn(max_rows + 1, 576, generator=gen).to(dtype) for _ in range(3)]:
         alone = torch.cat([F.linear(x[r : r + 1], weight, bias) for r in range(max_rows + 1)])
         for rows in range(1, chunk + 1):
             assert torch.equal(F.linear(x[:rows], weight, bias), alone[:rows]), rows
-        differs_after |= not torch.equal(F.linear(x[: chunk + 1], weight, bias), alone[: chunk + 1])
-    assert differs_after or chunk == max_rows
+    if chunk < max_rows:
+        differs_after = False
+        for w, x, b in row_exact_probes(576, 576, True, str(dtype), "cpu", chunk + 1):
+            alone = torch.cat([F.linear(x[r : r + 1], w, b) for r in range(chunk + 1)])
+            differs_after |= not torch.equal(F.linear(x, w, b), alone)
+        assert differs_after
+
+
+@torch.no_grad()
+def test_the_order_revealing_probe_sees_a_regrouped_sum_that_random_values_hide(monkeypatch):
+    """Negative control for the probe: a linear whose multi-row product sums each row in another order (the
+    difference a bf16 GEMM showed on stories260K's v_proj, invisible to a random probe at that width) is caught."""
+    real = F.linear
+
+    def regrouped(x, weight, bias=None):
+        if x.shape[0] == 1:
+            return real(x, weight, bias)
+        # the same products, summed exactly (float64) and rounded once: another grouping than any fp32 kernel's
+        exact = real(x.double(), weight.double(), None if bias is None else bias.double())
+        return exact.to(x.dtype)
+
+    monkeypatch.setattr(F, "linear", regrouped)
+    row_exact_chunk.cache_clear()
+    try:
+        assert row_exact_chunk(32, 64, False, "bfloat16", "cpu", 1, 8) == 1
+    finally:
+        monkeypatch.undo()
+        row_exact_chunk.cache_clear()
 
 
 @torch.no_grad()
 def test_row_exact_layers_compute_every_row_of_a_61_row_call_as_its_one_row_call():
-    """The default EAGLE tree's verification (60 tokens + the root) through a SmolLM2-sized bf16 layer."""
+    """The default EAGLE tree's verification (60 tokens + the root) through a SmolLM2-sized bf16 layer: exact at any
+    chunk, one row per product where the machine's GEMM regroups from 2 rows on."""
     torch.manual_seed(0)
     layer = nn.Linear(576, 1536).to(torch.bfloat16)
     x = torch.randn(1, 61, 576).to(torch.bfloat16)
     alone = torch.cat([layer(x[:, r : r + 1]) for r in range(61)], dim=1)  # [1, 61, 1536]
     chunk, switched = use_row_exact_linears(layer)
-    if chunk == 1:
-        assert switched == 0 and type(layer) is nn.Linear  # nothing a split could fix (exact by margin only)
-        pytest.skip("this machine's bf16 GEMM computes a row differently beside another one")
     assert switched == 1 and type(layer) is row_exact_linear_class() and layer.row_chunk == chunk
     assert torch.equal(layer(x), alone)
     assert use_row_exact_linears(layer) == (chunk, 1) and type(layer) is row_exact_linear_class()  # idempotent
 
 
 def test_one_chunk_for_all_layers_the_smallest_any_shape_shows(monkeypatch):
-    """A shape whose random probe agrees can still differ on real inputs (SmolLM2's k_proj), so every layer gets
-    the smallest chunk; where one shape differs already at 2 rows nothing is switched."""
+    """A shape whose probe agrees can still differ on real inputs (SmolLM2's k_proj), so every layer gets the
+    smallest chunk; where one shape differs already at 2 rows every row is its own product."""
     chunks = {(6, 8): 32, (4, 8): 64}
     monkeypatch.setattr(kernels, "row_exact_chunk", lambda out_f, in_f, *args: chunks[(out_f, in_f)])
     model = nn.Sequential(nn.Linear(8, 6), nn.Linear(8, 4))
@@ -283,7 +307,11 @@ def test_one_chunk_for_all_layers_the_smallest_any_shape_shows(monkeypatch):
     assert [layer.row_chunk for layer in model] == [32, 32]
     chunks[(4, 8)] = 1
     fresh = nn.Sequential(nn.Linear(8, 6), nn.Linear(8, 4))
-    assert use_row_exact_linears(fresh) == (1, 0) and all(type(layer) is nn.Linear for layer in fresh)
+    assert use_row_exact_linears(fresh) == (1, 2) and [layer.row_chunk for layer in fresh] == [1, 1]
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        assert torch.equal(fresh[0](x), torch.cat([F.linear(x[r : r + 1], fresh[0].weight, fresh[0].bias)
+                                                   for r in range(5)]))
 
 
 def test_a_split_call_is_consecutive_products_and_training_is_untouched(monkeypatch):

@@ -187,3 +187,52 @@ def test_a_turn_that_overflows_the_context_ends_its_conversation(tiny_tok, tmp_p
     assert report["skipped_turns"] == [{"prompt_id": "c", "domain": "d", "from_turn": 1,
                                         "tokens": report["skipped_turns"][0]["tokens"]}]
     assert report["skipped_turns"][0]["tokens"] >= 48
+
+
+@pytest.mark.parametrize("kernel", ["stock", "exact"])
+def test_speedups_are_against_plain_decoding_with_the_stock_kernels(tiny_tok, tmp_path, monkeypatch, kernel):
+    """The baseline is the user's own plain decoding: the stock kernels in the same dtype. Under another kernel the
+    report names the stock baseline and its time, times plain decoding under the kernel beside it, and takes the
+    speedup against the faster of the two (named)."""
+    import torch
+
+    from specgraft.eval.exact_attention import apply_attention_kernel, attention_kernel_of
+
+    model = tiny_model("llama", max_position_embeddings=512).to(torch.bfloat16)
+    assert apply_attention_kernel(kernel, model) == kernel
+    seen: list[tuple[bool, str, str]] = []  # (drafting?, attention, first linear's class) per generate call
+    real = SpeculativeDecoder.generate
+
+    def spy(self, *args, **kwargs):
+        seen.append((self.drafter is not None, attention_kernel_of(self.model),
+                     type(self.model.model.layers[0].self_attn.q_proj).__name__))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", spy)
+    report = run_eval(model, SelfDrafter(k=3), PROMPTS[1:], tmp_path, tokenizer=tiny_tok, max_new_tokens=8,
+                      progress=False, warmup=0, repeats=1)
+    overall = report["overall"]
+    assert report["measurement"]["baseline_stock_kernels"] is True
+    assert report["measurement"]["kernels"] == ("stock" if kernel == "stock" else "attention exact, linear row-exact")
+    assert overall["plain_stock_s"] > 0 and overall["plain_stock_tokens_per_s"] > 0
+    plain_calls = [call for call in seen if not call[0]]
+    assert ("stock", "Linear") in {call[1:] for call in plain_calls}  # the baseline really ran the stock kernels
+    assert attention_kernel_of(model) == kernel  # and the kernels came back
+    if kernel == "stock":
+        assert overall["plain_kernel_s"] is None and overall["baseline_kernels"] == "stock"
+        assert len(plain_calls) == 2
+        assert overall["speedup_ratio_of_totals"] == overall["speedup_vs_stock_ratio_of_totals"]
+    else:
+        assert len(plain_calls) == 4 and ("exact", "RowExactLinear") in {call[1:] for call in plain_calls}
+        assert overall["plain_kernel_s"] > 0
+        assert overall["plain_kernel_over_stock"] == pytest.approx(overall["plain_kernel_s"] / overall["plain_stock_s"])
+        faster = "stock" if overall["plain_stock_s"] <= overall["plain_kernel_s"] else report["measurement"]["kernels"]
+        assert overall["baseline_kernels"] == faster
+        assert overall["baseline_wall_time_s"] == min(overall["plain_stock_s"], overall["plain_kernel_s"])
+        # against the faster plain setting: never more than against stock plain decoding
+        assert overall["speedup_ratio_of_totals"] <= overall["speedup_vs_stock_ratio_of_totals"] * (1 + 1e-12)
+    assert overall["lossless_passed"] is True  # token-identical to stock plain decoding
+    markdown = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "baseline kernels: " in markdown and "plain decoding with the stock kernels took" in markdown
+    for line in read_answers(tmp_path / "answers.jsonl"):
+        assert line["baseline_time_s"] > 0 and (line["plain_kernel_time_s"] is None) == (kernel == "stock")

@@ -118,3 +118,17 @@ def test_card_trtllm_eagle3_names_the_capture_layers():
     assert "decoding_type: Eagle3" in card and "speculative_model_dir: org/llama-eagle3-trt" in card
     # TensorRT-LLM numbers the decoder layer whose output it captures: output_hidden_states index - 1.
     assert "eagle3_layers_to_capture: [1, 15, 28]" in card
+
+
+def test_card_names_the_plain_decoding_its_speedups_are_against():
+    """A report that timed the stock baseline beside the eval's kernels says so on the card; an older report
+    (no such keys) gets no baseline sentence rather than a wrong one."""
+    import copy
+
+    report = copy.deepcopy(REPORT)
+    report["overall"].update(baseline_kernels="stock", baseline_tokens_per_s=50.0, plain_stock_tokens_per_s=50.0,
+                             plain_kernel_tokens_per_s=41.5)
+    card = render_model_card(HEAD_META, RECIPE, report, "vllm", "org/llama-eagle3")
+    assert ("Baseline: plain decoding with the stock kernels in the same dtype and process (50.0 tokens/s); plain "
+            "decoding with the stock kernels: 50.0 tokens/s, with the eval's kernels: 41.5 tokens/s.") in card
+    assert "Baseline: plain decoding" not in render_model_card(HEAD_META, RECIPE, REPORT, "vllm", "org/llama-eagle3")

@@ -1,0 +1,277 @@
+"""Attention kernels against the user's own plain decoding: greedy identity and plain step time per kernel.
+
+Two measurements, written to ``benchmarks/results/kernels.json`` (or ``--out``):
+
+* ``identity``: for every target (stories260K, converted from ``../shared/data``, and each tiny test architecture),
+  dtype (float32, bfloat16) and ``--attention-kernel`` (stock, gqa, exact; ``auto`` is one of stock/gqa), every
+  built-in drafter (:func:`specgraft.testing.builtin_drafters`) decodes each prompt greedily and the tokens are
+  compared with plain decoding under the STOCK kernels in the same dtype. A kernel that refuses the model is recorded
+  with its one-line message. Plain decoding under the kernel itself is compared too.
+* ``plain_step``: plain decoding's time per token on stories260K under each kernel (and ``--smollm2 DIR``, a
+  converted SmolLM2 folder, if given), the kernels interleaved in one process, median over repeats: the kernel's own
+  effect on plain decoding, ``plain_kernel_s`` against ``plain_stock_s``.
+
+    python benchmarks/bench_kernels.py
+    python benchmarks/bench_kernels.py --tokens 500 --smollm2 /tmp/smollm2 --out benchmarks/results/kernels.json
+    PYTHONPATH=/path/to/other/checkout python benchmarks/bench_kernels.py --out /tmp/before.json   # another version
+
+``--before FILE`` embeds such a run of another version (its figures side by side under ``before``); ``--reuse
+FILE`` takes this version's figures from an earlier run instead of measuring again; ``--demo DIR`` adds the
+speedups of a ``specgraft demo --out DIR`` run (every report.json under it: the speedup against the baseline the
+report names, against stock plain decoding, and both plain times) beside the figures the README reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import importlib.metadata
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specgraft.errors import SpecgraftError
+from specgraft.eval.decoder import SpeculativeDecoder
+from specgraft.eval.exact_attention import apply_attention_kernel
+from specgraft.testing import TINY_ARCHITECTURES, builtin_drafters, tiny_model
+from specgraft.utils.io import atomic_write_json
+
+SHARED = Path(os.environ.get("SPECGRAFT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+KERNELS = ("stock", "gqa", "exact")
+DTYPES = ("float32", "bfloat16")
+STORY_PROMPTS = ("", "Once upon a time, there was a little girl named Lily. She loved to")
+
+
+def machine() -> dict[str, Any]:
+    """Where and with what the figures were measured."""
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    versions = {}
+    for name in ("torch", "transformers", "specgraft"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    import specgraft
+
+    return {"command": " ".join([Path(sys.executable).name, *sys.argv]), "commit": commit,
+            "specgraft_path": str(Path(specgraft.__file__).parent),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "cpu": cpu,
+            "threads": torch.get_num_threads(), "versions": versions, "mkldnn_bf16": _bf16_flag()}
+
+
+def _bf16_flag() -> bool:
+    try:
+        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def with_kernel(model: Any, kernel: str) -> tuple[Any | None, str | None]:
+    """A copy of ``model`` switched to ``kernel``, or (None, the refusal)."""
+    switched = copy.deepcopy(model)
+    try:
+        apply_attention_kernel(kernel, switched)
+    except SpecgraftError as refusal:
+        return None, str(refusal)
+    return switched, None
+
+
+def identity(name: str, model: Any, prompts: list[list[int]], tokens: int) -> list[dict[str, Any]]:
+    """One row per dtype x kernel: how many (drafter, prompt) greedy runs equal stock plain decoding."""
+    rows = []
+    for dtype in DTYPES:
+        base = copy.deepcopy(model).to(getattr(torch, dtype))
+        reference = [SpeculativeDecoder(base, ignore_eos=True).generate(p, tokens).generated_ids for p in prompts]
+        for kernel in KERNELS:
+            start = time.perf_counter()
+            switched, refusal = with_kernel(base, kernel)
+            row: dict[str, Any] = {"model": name, "dtype": dtype, "kernel": kernel, "tokens": tokens,
+                                   "prompts": len(prompts), "refused": refusal}
+            if switched is not None:
+                try:
+                    plain = [SpeculativeDecoder(switched, ignore_eos=True).generate(p, tokens).generated_ids
+                             for p in prompts]
+                except (RuntimeError, ValueError) as crash:  # a kernel that accepted a model it cannot run
+                    row.update(crashed=str(crash).splitlines()[0], seconds=round(time.perf_counter() - start, 1))
+                    print(f"identity {name} {dtype} {kernel}: crashed ({row['crashed'][:80]})", flush=True)
+                    rows.append(row)
+                    continue
+                row["plain_identical"] = sum(a == b for a, b in zip(plain, reference))
+                runs = identical = 0
+                differing: list[str] = []
+                for drafter_name, factory in builtin_drafters(switched).items():
+                    for prompt, ref in zip(prompts, reference):
+                        out = SpeculativeDecoder(switched, drafter=factory(), ignore_eos=True).generate(prompt, tokens)
+                        runs += 1
+                        same = out.generated_ids == ref
+                        identical += same
+                        if not same:
+                            first = next(i for i, (a, b) in enumerate(zip(out.generated_ids, ref)) if a != b)
+                            differing.append(f"{drafter_name}@{first}")
+                row.update(runs=runs, identical=identical, differing=differing)
+            row["seconds"] = round(time.perf_counter() - start, 1)
+            print(f"identity {name} {dtype} {kernel}: " + (f"refused ({refusal[:80]}...)" if refusal else
+                  f"{row['identical']}/{row['runs']} spec, plain {row['plain_identical']}/{len(prompts)}"),
+                  flush=True)
+            rows.append(row)
+    return rows
+
+
+def plain_step(name: str, model: Any, prompt: list[int], tokens: int, repeats: int) -> list[dict[str, Any]]:
+    """Plain decoding's seconds per token under each kernel, per dtype, interleaved; median over ``repeats``."""
+    rows = []
+    for dtype in DTYPES:
+        base = model.to(getattr(torch, dtype))
+        kernels: dict[str, Any] = {}
+        refused: dict[str, str] = {}
+        for kernel in KERNELS:
+            switched, refusal = with_kernel(base, kernel)
+            if switched is None:
+                refused[kernel] = refusal
+            else:
+                kernels[kernel] = SpeculativeDecoder(switched, ignore_eos=True)
+        times: dict[str, list[float]] = {k: [] for k in kernels}
+        for repeat in range(repeats + 1):  # the first round warms up
+            for kernel, decoder in kernels.items():
+                out = decoder.generate(prompt, tokens)
+                if repeat:
+                    times[kernel].append((out.wall_time_s - out.prefill_time_s) / len(out.generated_ids))
+        stock = statistics.median(times["stock"])
+        for kernel in KERNELS:
+            row: dict[str, Any] = {"model": name, "dtype": dtype, "kernel": kernel, "tokens": tokens,
+                                   "repeats": repeats, "refused": refused.get(kernel)}
+            if kernel in times:
+                mine = statistics.median(times[kernel])
+                row.update(plain_kernel_s=mine, plain_stock_s=stock, kernel_over_stock=mine / stock)
+                print(f"plain step {name} {dtype} {kernel}: {mine * 1e3:.3f} ms/token (stock {stock * 1e3:.3f}, "
+                      f"{mine / stock:.2f}x)", flush=True)
+            rows.append(row)
+    return rows
+
+
+#: The demo's speedups as the README reported them (one run, before the stock-baseline rule).
+README_DEMO_SPEEDUPS = {"medusa": 2.12, "dflash": 1.37, "eagle3": 1.20, "distilled draft": 1.08}
+
+
+def demo_speedups(folder: Path) -> list[dict[str, Any]]:
+    """The overall speedups of every eval report under a ``specgraft demo`` output folder."""
+    import json
+
+    rows = []
+    for path in sorted(folder.rglob("report.json")):
+        report = json.loads(path.read_text(encoding="utf-8"))
+        overall = report.get("overall") or {}
+        rows.append({"report": str(path.relative_to(folder)), "drafter": (report.get("drafter") or {}).get("type"),
+                     "mode": (report.get("drafter") or {}).get("mode"),
+                     "kernels": (report.get("measurement") or {}).get("kernels"),
+                     **{k: overall.get(k) for k in ("tau", "speedup_ratio_of_totals", "baseline_kernels",
+                                                    "speedup_vs_stock_ratio_of_totals", "plain_stock_s",
+                                                    "plain_kernel_s", "plain_kernel_over_stock", "lossless_check")}})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=400, help="greedy tokens per stories260K identity run")
+    parser.add_argument("--tiny-tokens", type=int, default=120, help="greedy tokens per tiny-architecture run")
+    parser.add_argument("--step-tokens", type=int, default=300, help="tokens per timed plain decode")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--smollm2", type=Path, help="a converted SmolLM2 folder to time plain steps on as well")
+    parser.add_argument("--skip-identity", action="store_true")
+    parser.add_argument("--skip-step", action="store_true", help="do not time plain steps")
+    parser.add_argument("--models", nargs="*", help="identity on these only (stories260K, tiny-llama, ...)")
+    parser.add_argument("--before", type=Path, help="a run of this script on another version, embedded as 'before'")
+    parser.add_argument("--reuse", type=Path, help="take identity and plain_step from this earlier run")
+    parser.add_argument("--demo", type=Path, help="a `specgraft demo --out DIR` folder whose speedups to add")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "kernels.json")
+    args = parser.parse_args(argv)
+    if args.reuse is not None:
+        import json
+
+        result = json.loads(args.reuse.read_text(encoding="utf-8"))
+        result["machine"]["reused_by"] = machine()["command"]
+        return finish(result, args)
+    torch.set_num_threads(args.threads)
+    from specgraft.llama2c import convert_llama2c
+
+    result: dict[str, Any] = {"machine": machine(), "identity": [], "plain_step": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        src = SHARED / "models" / "stories260K"
+        convert_llama2c(src / "stories260K.bin", src / "tok512.bin", Path(tmp) / "s260k")
+        stories = AutoModelForCausalLM.from_pretrained(Path(tmp) / "s260k", dtype=torch.float32).eval()
+        tokenizer = AutoTokenizer.from_pretrained(Path(tmp) / "s260k")
+    prompts = [[1] + tokenizer.encode(text, add_special_tokens=False) for text in STORY_PROMPTS]
+    if not args.skip_identity:
+        if not args.models or "stories260K" in args.models:
+            result["identity"] += identity("stories260K", stories, prompts, args.tokens)
+        for arch in TINY_ARCHITECTURES:
+            if not args.models or f"tiny-{arch}" in args.models:
+                tiny = tiny_model(arch, max_position_embeddings=512)
+                result["identity"] += identity(f"tiny-{arch}", tiny, [[5, 9, 17, 33]], args.tiny_tokens)
+    if not args.skip_step:
+        result["plain_step"] += plain_step("stories260K", stories, prompts[1], args.step_tokens, args.repeats)
+    if args.smollm2 is not None:
+        smol = AutoModelForCausalLM.from_pretrained(args.smollm2, dtype=torch.float32).eval()
+        smol_tok = AutoTokenizer.from_pretrained(args.smollm2)
+        ids = smol_tok.encode("Write a short story about a robot who learns to paint.")
+        result["plain_step"] += plain_step("SmolLM2-135M", smol, ids, min(args.step_tokens, 128), args.repeats)
+    return finish(result, args)
+
+
+def finish(result: dict[str, Any], args: argparse.Namespace) -> int:
+    """Add the comparisons asked for, write the JSON, print the side-by-side tables."""
+    import json
+
+    if args.before is not None:
+        before = json.loads(args.before.read_text(encoding="utf-8"))
+        result["before"] = {key: before.get(key) for key in ("machine", "identity", "plain_step")}
+        old = {(r["model"], r["dtype"], r["kernel"]): r for r in before.get("identity", [])}
+        print("| model | dtype | kernel | before: identical / runs (plain) | after |")
+        for row in result["identity"]:
+            prior = old.get((row["model"], row["dtype"], row["kernel"]), {})
+            print(f"| {row['model']} | {row['dtype']} | {row['kernel']} | {_cell(prior)} | {_cell(row)} |")
+    if args.demo is not None:
+        result["demo"] = {"folder": str(args.demo), "readme_speedups": README_DEMO_SPEEDUPS,
+                          "reports": demo_speedups(args.demo)}
+        for row in result["demo"]["reports"]:
+            print(f"demo {row['report']}: {row['speedup_ratio_of_totals']}x against {row['baseline_kernels']} "
+                  f"plain decoding ({row['speedup_vs_stock_ratio_of_totals']}x against stock)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out, result)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _cell(row: dict[str, Any]) -> str:
+    if not row:
+        return "-"
+    if row.get("refused"):
+        return "refused"
+    return f"{row['identical']}/{row['runs']} ({row['plain_identical']}/{row['prompts']})"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
