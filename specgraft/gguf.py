@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError
-from specgraft.utils.io import atomic_path, check_output_folder, sha256_file
+from specgraft.utils.io import atomic_path, sha256_file
+from specgraft.utils.outputs import writing_output
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +258,11 @@ def save_converted(loaded: LoadedGGUF, out: str | os.PathLike, dtype: str = "flo
                    overwrite: bool = False) -> Path:
     """Write a loaded GGUF as a transformers folder (see :func:`convert_gguf`)."""
     out = Path(out).expanduser()
-    check_output_folder(out, overwrite, flag="--out")
+    with writing_output(out, "convert-gguf", overwrite=overwrite):
+        return _save_converted(loaded, out, dtype)
+
+
+def _save_converted(loaded: LoadedGGUF, out: Path, dtype: str) -> Path:
     model = plain_model(loaded, dtype)
     with atomic_path(out) as tmp:
         tmp.mkdir()
@@ -276,8 +281,9 @@ def convert_gguf(file: str | os.PathLike, out: str | os.PathLike, dtype: str = "
     Raises:
         SpecgraftError: see :func:`gguf_config`; ``out`` is a file, or a non-empty folder without ``overwrite``.
     """
-    check_output_folder(Path(out).expanduser(), overwrite, flag="--out")  # before the slow part
-    return save_converted(load_gguf(file), out, dtype, overwrite)
+    out = Path(out).expanduser()
+    with writing_output(out, "convert-gguf", overwrite=overwrite, inputs=[file]):  # checked before the slow part
+        return _save_converted(load_gguf(file), out, dtype)
 
 
 def read_source(folder: str | os.PathLike) -> GGUFSource | None:

@@ -208,7 +208,8 @@ CASES = [
      lambda w: ["export", str(w / "broken-head"), "--format", "native", "--out", str(w / "fresh-x2")],
      "safetensors"),
     ("push without a token",
-     lambda w: ["push", str(w / "head"), "--repo-id", "org/name", "--token-env", "SPECGRAFT_NO_SUCH_TOKEN"],
+     lambda w: ["push", str(w / "export-local-base"), "--repo-id", "org/name", "--base-model", "org/target",
+                "--token-env", "SPECGRAFT_NO_SUCH_TOKEN"],
      "token"),
     ("simulate with alpha > 1", lambda w: ["simulate", "--alpha", "1.5", "--draft-length", "4", "--cost-ratio",
                                            "0.1"], "alpha"),
@@ -439,7 +440,7 @@ def test_failed_start_does_not_block_the_plain_rerun(world, capsys):
                        output={"dir": str(out)})
     assert cli_main(["train", str(diverging), "--no-progress"]) == 2
     assert "the loss became" in _one_error_line(capsys.readouterr().err)
-    assert sorted(p.name for p in out.iterdir()) == ["recipe.yaml"]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["recipe.yaml"]
     fixed = recipe(world, "diverge", training={"learning_rate": 1e-3, "max_steps": 1}, output={"dir": str(out)})
     assert cli_main(["train", str(fixed), "--no-progress"]) == 0
     assert (out / "head" / "head.safetensors").is_file()
@@ -511,3 +512,286 @@ def test_dry_run_says_when_the_data_path_is_missing(world, capsys):
     captured = capsys.readouterr()
     assert "dry run ok" in captured.out
     assert f"WARNING: the real run will fail here: data path {world / 'nope.jsonl'} does not exist" in captured.err
+
+
+# -- issue 47: nothing lost, nothing leaked ------------------------------------------------------------------------
+# Every case runs in its own folder `case` (inputs made there; the shared `world` models are read only) and must
+# give one `error:` line, exit 2, no traceback, leave the sha256 of every file of `world` and `case` unchanged and
+# write nothing outside its output (`case/out`, which a refused run must not create either).
+
+SECRET = b"hf_not-for-the-hub-0123456789"
+
+
+def _tree(*roots: Path) -> dict[str, str]:
+    """sha256 of every file (links read as links) under ``roots``, and every folder, by path."""
+    seen: dict[str, str] = {}
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            if "hf-home" in path.parts or "cache" in path.parts:
+                continue
+            if path.is_symlink():
+                seen[str(path)] = "link->" + os.readlink(path)
+            elif path.is_file():
+                seen[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+            elif path.is_dir():
+                seen[str(path)] = "dir"
+    return seen
+
+
+def assert_no_leak(folder: Path, secret: bytes = SECRET) -> None:
+    """The leak check: no regular file under ``folder`` holds ``secret`` (a file reached through a link)."""
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert secret not in path.read_bytes(), f"{path} holds the secret a link pointed at"
+
+
+def _secret(case: Path) -> Path:
+    outside = case / "outside"
+    outside.mkdir(exist_ok=True)
+    (outside / "token").write_bytes(SECRET)
+    (outside / ".ssh").mkdir(exist_ok=True)
+    (outside / ".ssh" / "id_rsa").write_bytes(SECRET)
+    return outside
+
+
+def _head_copy(world: Path, case: Path, name: str = "head") -> Path:
+    import shutil
+
+    return Path(shutil.copytree(world / "head", case / name))
+
+
+def _linked_recipe(w: Path, c: Path) -> list[str]:
+    head = _head_copy(w, c)
+    (head / "recipe.yaml").symlink_to(_secret(c) / "token")
+    return ["export", str(head), "--format", "native", "--out", str(c / "out")]
+
+
+def _linked_adapter(w: Path, c: Path) -> list[str]:
+    head = _head_copy(w, c)
+    (head / "adapter").symlink_to(_secret(c) / ".ssh", target_is_directory=True)
+    return ["export", str(head), "--format", "native", "--out", str(c / "out")]
+
+
+def _linked_adapter_file(w: Path, c: Path) -> list[str]:
+    head = _head_copy(w, c)
+    (head / "adapter").mkdir()
+    (head / "adapter" / "adapter_config.json").symlink_to(_secret(c) / "token")
+    return ["export", str(head), "--format", "native", "--out", str(c / "out")]
+
+
+def _export(w: Path, c: Path, fmt: str = "vllm") -> Path:
+    from specgraft.export import export_head
+
+    return export_head(w / "head", fmt, c / "exported", keep_name=True).path
+
+
+def _push_swapped_link(w: Path, c: Path) -> list[str]:
+    export = _export(w, c)
+    (export / "config.json").unlink()
+    (export / "config.json").symlink_to(_secret(c) / "token")
+    return ["push", str(export), "--repo-id", "org/x", "--dry-run"]
+
+
+def _push_edited(w: Path, c: Path) -> list[str]:
+    export = _export(w, c)
+    (export / "config.json").write_bytes(SECRET)
+    return ["push", str(export), "--repo-id", "org/x", "--dry-run"]
+
+
+def _report_folder(c: Path) -> Path:
+    report = c / "report"
+    report.mkdir()
+    (report / "report.json").write_text(json.dumps({"drafter": {"type": "medusa"}, "overall": {"tau": 1.5},
+                                                    "domains": {}}))
+    return report
+
+
+def _user_folder(c: Path) -> Path:
+    folder = c / "out"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("user data")
+    return folder
+
+
+def _gguf_in_out(w: Path, c: Path) -> list[str]:
+    (c / "out").mkdir()
+    (c / "out" / "model.gguf").write_bytes(b"GGUF" + b"\0" * 64)
+    return ["convert-gguf", str(c / "out" / "model.gguf"), "--out", str(c / "out"), "--overwrite"]
+
+
+def _tuned_by_hand(w: Path, c: Path) -> list[str]:
+    head = _head_copy(w, c)
+    (head / "tuned.json").write_text('{"my": "notes"}')
+    return ["tune", "--target", str(w / "target"), "--head", str(head), "--prompts", str(w / "prompts.jsonl"),
+            "--overwrite"]
+
+
+#: (class, case id, argv builder (world, case folder), words the error line must contain)
+CASES_47 = [
+    # -- data loss through --overwrite
+    ("overwrite", "profile --out the run folder",
+     lambda w, c: ["profile", "--target", str(w / "target"), "--head", str(_head_copy(w, c)), "--out",
+                   str(c / "head"), "--overwrite"], "is the input"),
+    ("overwrite", "profile --out the head's weights",
+     lambda w, c: ["profile", "--target", str(w / "target"), "--head", str(_head_copy(w, c)), "--out",
+                   str(c / "head" / "head.safetensors"), "--overwrite"], "written by another program"),
+    ("overwrite", "profile --out a folder", lambda w, c: ["profile", "--target", str(w / "target"), "--out",
+                                                          str(_user_folder(c)), "--overwrite"], "is a folder"),
+    ("overwrite", "convert-gguf --out the folder holding its source", _gguf_in_out, "contains the input"),
+    ("overwrite", "export --out its own --report folder",
+     lambda w, c: ["export", str(w / "head"), "--format", "native", "--report", str(_report_folder(c)), "--out",
+                   str(c / "report"), "--overwrite"], "is the input"),
+    ("overwrite", "export --out a folder holding the head",
+     lambda w, c: ["export", str(_head_copy(w, c, "runs/x/head")), "--format", "native", "--out",
+                   str(c / "runs"), "--overwrite"], "contains the input"),
+    ("overwrite", "export --overwrite a folder it did not write",
+     lambda w, c: ["export", str(w / "head"), "--format", "native", "--out", str(_user_folder(c)),
+                   "--overwrite"], "written by another program"),
+    ("overwrite", "eval --overwrite a folder it did not write",
+     lambda w, c: [*_eval(w, "unused"), "--out", str(_user_folder(c)), "--overwrite"], "written by another program"),
+    ("overwrite", "eval --out the head folder",
+     lambda w, c: ["eval", "--target", str(w / "target"), "--head", str(_head_copy(w, c)), "--prompts",
+                   str(w / "prompts.jsonl"), "--out", str(c / "head"), "--overwrite"], "is the input"),
+    ("overwrite", "demo --overwrite a folder it did not write",
+     lambda w, c: ["demo", "--quick", "--out", str(_user_folder(c)), "--overwrite"], "written by another program"),
+    ("overwrite", "convert-llama2c --overwrite a folder it did not write",
+     lambda w, c: ["convert-llama2c", str(w / "model.bin"), str(w / "model.bin"), "--out", str(_user_folder(c)),
+                   "--overwrite"], "written by another program"),
+    ("overwrite", "train output.overwrite into a folder it did not write",
+     lambda w, c: ["train", str(recipe(w, "ow47", output={"dir": str(_user_folder(c)), "overwrite": True}))],
+     "written by another program"),
+    ("overwrite", "export --overwrite an eval report",
+     lambda w, c: ["export", str(w / "head"), "--format", "native", "--out",
+                   str(_marked(_user_folder(c), "eval")), "--overwrite"], "written by `specgraft eval`"),
+    ("overwrite", "tune --overwrite a tuned.json written by hand", _tuned_by_hand, "written by another program"),
+    ("overwrite", "regenerate --out its own --data",
+     lambda w, c: ["regenerate", "--model", str(w / "target"), "--data", str(_copy(w / "conversations.jsonl", c)),
+                   "--out", str(c / "conversations.jsonl")], "is the input"),
+    # -- files leak into exports
+    ("leak", "export native: recipe.yaml links outside", _linked_recipe, "outside"),
+    ("leak", "export native: adapter/ links outside", _linked_adapter, "outside"),
+    ("leak", "export native: a file in adapter/ links outside", _linked_adapter_file, "outside"),
+    ("leak", "push --dry-run /etc", lambda w, c: ["push", "/etc", "--repo-id", "org/x", "--dry-run"],
+     "has no specgraft_manifest.json"),
+    ("leak", "push a head folder (not an export)",
+     lambda w, c: ["push", str(w / "head"), "--repo-id", "org/x", "--dry-run"], "not the output of `specgraft export`"),
+    ("leak", "push an export whose file became a link", _push_swapped_link, "is a symlink"),
+    ("leak", "push an export whose file was edited", _push_edited, "changed since `specgraft export` wrote it"),
+]
+
+
+def _marked(folder: Path, command: str) -> Path:
+    from specgraft.utils.outputs import mark_output
+
+    mark_output(folder, command)
+    return folder
+
+
+def _copy(src: Path, folder: Path) -> Path:
+    (folder / src.name).write_bytes(src.read_bytes())
+    return folder / src.name
+
+
+def run_contract(world: Path, case: Path, argv: list[str], words: str, capsys, monkeypatch) -> str:
+    """Run ``argv`` and check the whole contract; returns the error line."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(world / "hf-home"))
+    out_existed = (case / "out").exists()
+    before = _tree(world, case)
+    try:
+        code = cli_main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, f"{argv} exited {code}: {err}"
+    line = _one_error_line(err)
+    assert words.lower() in line.lower(), line
+    assert "Traceback" not in err
+    after = _tree(world, case)
+    if not out_existed:
+        assert not (case / "out").exists(), "a refused run created its output"
+    assert after == before, f"files changed: {sorted(set(after.items()) ^ set(before.items()))[:6]}"
+    assert_no_leak(case / "out") if (case / "out").is_dir() else None
+    return line
+
+
+@pytest.mark.parametrize("case", CASES_47, ids=[f"{c[0]}: {c[1]}" for c in CASES_47])
+def test_issue_47_case(world, case, tmp_path, capsys, monkeypatch):
+    _, _, build_argv, words = case
+    argv = build_argv(world, tmp_path)
+    run_contract(world, tmp_path, argv, words, capsys, monkeypatch)
+
+
+def test_issue_47_has_a_case_per_class():
+    classes = {c[0] for c in CASES_47} | ({"lock"} if LOCK_CASES else set())
+    assert {"overwrite", "leak", "lock"} <= classes
+
+
+def test_leak_check_catches_a_command_that_follows_a_link(world, tmp_path, monkeypatch):
+    """The negative control: an export made to follow links (the guard switched off) must fail the leak check, so
+    the check above is not vacuous."""
+    import specgraft.export.exporter as exporter
+
+    def follows_links(root, names, what):
+        return [n for n in names if (root / n).is_file()] + [
+            str(p.relative_to(root)) for n in names if (root / n).is_dir() for p in (root / n).rglob("*")]
+
+    monkeypatch.setattr(exporter, "files_inside", follows_links)
+    argv = _linked_recipe(world, tmp_path)
+    assert cli_main(argv) == 0
+    with pytest.raises(AssertionError, match="holds the secret"):
+        assert_no_leak(tmp_path / "out")
+
+
+def test_overwrite_replaces_an_earlier_output_of_the_same_command(world, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli_main(["export", str(world / "head"), "--format", "native", "--out", str(out)]) == 0
+    (out / "stale.bin").write_bytes(b"old")
+    assert cli_main(["export", str(world / "head"), "--format", "native", "--out", str(out), "--overwrite"]) == 0
+    assert not (out / "stale.bin").exists() and (out / "head.safetensors").is_file()
+    manifest = json.loads((out / "specgraft_manifest.json").read_text())["files"]
+    assert sorted(manifest) == sorted(p.name for p in out.iterdir()
+                                      if not p.name.startswith(".") and p.name != "specgraft_manifest.json")
+    capsys.readouterr()
+    assert cli_main(["push", str(out), "--repo-id", "org/x", "--dry-run"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert sorted(listed) == sorted(manifest)
+
+
+#: Concurrent writers: (case id, argv builder, the folder and lock-file name another run holds)
+LOCK_CASES = [
+    ("train into a folder another train writes",
+     lambda w, c: ["train", str(recipe(w, "lk", output={"dir": str(c / "out")}))], lambda c: (c / "out", None)),
+    ("distill into a folder another distill writes",
+     lambda w, c: ["distill", str(recipe(w, "lkd", distill={}, output={"dir": str(c / "out")}))],
+     lambda c: (c / "out", None)),
+    ("tune while another tune writes its reports",
+     lambda w, c: ["tune", "--target", str(w / "target"), "--head", str(_head_copy(w, c)), "--prompts",
+                   str(w / "prompts.jsonl")], lambda c: (c / "head" / "tune", None)),
+    ("regenerate into a file another regenerate writes",
+     lambda w, c: ["regenerate", "--model", str(w / "target"), "--data", str(w / "conversations.jsonl"), "--out",
+                   str(c / "regen.jsonl")], lambda c: (c, ".regen.jsonl.specgraft-output.json")),
+    ("export into a folder another export writes",
+     lambda w, c: ["export", str(w / "head"), "--format", "native", "--out", str(c / "out")],
+     lambda c: (c / "out", None)),
+    ("profile into a file another profile writes",
+     lambda w, c: ["profile", "--target", str(w / "target"), "--out", str(c / "p.json")],
+     lambda c: (c, ".p.json.specgraft-output.json")),
+    ("convert-gguf into a folder another conversion writes",
+     lambda w, c: ["convert-gguf", str(_copy(w / "model.bin", c)), "--out", str(c / "out")],
+     lambda c: (c / "out", None)),
+    ("demo into a folder another demo writes",
+     lambda w, c: ["demo", "--quick", "--out", str(c / "out")], lambda c: (c / "out", None)),
+]
+
+
+@pytest.mark.parametrize("case", LOCK_CASES, ids=[c[0] for c in LOCK_CASES])
+def test_issue_47_one_writer_per_output(world, case, tmp_path, capsys, monkeypatch):
+    from specgraft.utils.io import LOCK_NAME, output_lock
+
+    _, build_argv, held = case
+    argv = build_argv(world, tmp_path)
+    folder, name = held(tmp_path)
+    with output_lock(folder, "the other run", name=name or LOCK_NAME):
+        run_contract(world, tmp_path, argv, "another specgraft process is writing to", capsys, monkeypatch)

@@ -34,7 +34,8 @@ from specgraft.eval.cost import CostProfile, check_fits, check_profile
 from specgraft.eval.exact_attention import add_attention_kernel_argument, apply_attention_kernel, attention_kernel_of
 from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kernel
 from specgraft.eval.search import MAX_TREE_TOKENS, section_table
-from specgraft.utils.io import atomic_write_json, read_json_meta
+from specgraft.utils.io import atomic_write_json, output_lock, read_json_meta
+from specgraft.utils.outputs import writing_output
 
 logger = logging.getLogger(__name__)
 
@@ -689,19 +690,27 @@ def default_kv_length(prompt_lengths: Sequence[int], max_new_tokens: int) -> int
 
 def run(args: argparse.Namespace) -> int:
     """Tune one drafter; write tuned.json and print predicted vs measured."""
+    if not args.prompts:
+        raise SpecgraftError("tuning needs calibration prompts; pass --prompts FILE (the prompts you will serve)")
+    check_min_speedup(args.min_speedup)  # before anything is loaded
+    source_dir = args.head if args.head is not None else args.draft
+    tuned_file = source_dir / TUNED_NAME
+    inputs = [args.target, *args.prompts, args.cost_profile, args.calibration]
+    # One tune per folder at a time (two would mix their calibration/confirming reports), and tuned.json is
+    # replaced only when an earlier tune wrote it.
+    with output_lock(args.out or source_dir / "tune", "`specgraft tune`"), \
+            writing_output(tuned_file, "tune", overwrite=args.overwrite, inputs=inputs, file=True,
+                           flag="tuned.json"):
+        return _run(args, source_dir, tuned_file)
+
+
+def _run(args: argparse.Namespace, source_dir: Path, tuned_file: Path) -> int:
     from specgraft.eval.cost import measure_profile
     from specgraft.eval.loading import device_and_dtype, load_draft_model
     from specgraft.eval.prompts import load_prompts, render_turn
     from specgraft.eval.report import EvalSettings
     from specgraft.target import load_target
 
-    if not args.prompts:
-        raise SpecgraftError("tuning needs calibration prompts; pass --prompts FILE (the prompts you will serve)")
-    check_min_speedup(args.min_speedup)  # before anything is loaded
-    source_dir = args.head if args.head is not None else args.draft
-    tuned_file = source_dir / TUNED_NAME
-    if tuned_file.exists() and not args.overwrite:
-        raise SpecgraftError(f"{tuned_file} exists; pass --overwrite to re-tune")
     profile = CostProfile.load(args.cost_profile) if args.cost_profile is not None else None
     calibration = None
     if args.calibration is not None:

@@ -54,6 +54,7 @@ from specgraft.heads.base import (
 from specgraft.target import Target, TargetIdentity
 from specgraft.utils.io import atomic_path, read_json_meta
 from specgraft.utils.models import DTYPES
+from specgraft.utils.outputs import check_output, files_inside, write_manifest, writing_output
 
 logger = logging.getLogger(__name__)
 
@@ -148,17 +149,6 @@ def export_path(out: str | Path, head_type: str, fmt: str, keep_name: bool = Fal
         if marker not in out.name.lower():
             out = out.with_name(out.name + suffix)
     return out, vllm_name_warnings(str(out.resolve()), head_type)
-
-
-def _check_destination(out: Path, head_dir: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise SpecgraftError(f"{out} exists and is a file; pass a folder path to --out")
-    src, dst = head_dir.resolve(), out.resolve()
-    if dst == src or dst in src.parents:
-        raise SpecgraftError(f"--out {out} would replace the head folder {head_dir} itself; choose another folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise SpecgraftError(f"output folder {out} exists and is not empty; choose another folder or pass --overwrite "
-                             "to replace it")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -319,6 +309,8 @@ def export_head(
         license: the card's license field.
     """
     head_dir = Path(head_dir)
+    # What the export reads from the head folder: never through a link that leads out of it.
+    head_files = files_inside(head_dir, NATIVE_FILES, "export")
     meta = read_head_config(head_dir)
     head_type = meta["head_type"]
     require_supported(head_type, fmt)
@@ -332,7 +324,8 @@ def export_head(
         raise SpecgraftError(f"speculative tokens must be at least 1, got {speculative_tokens}")
     base = base_model or recorded_base_model(meta["target"]["name_or_path"])
     final, warnings = export_path(out, head_type, fmt, keep_name)
-    _check_destination(final, head_dir, overwrite)
+    inputs = [head_dir, report, target if not isinstance(target, Target) else None]
+    check_output(final, "export", overwrite=overwrite, inputs=inputs)
     info = resolve_target(meta, target)
     state = read_head_state(head_dir, meta, info)
     if base_model is not None:
@@ -359,10 +352,10 @@ def export_head(
     recipe = _load_recipe_dict(head_dir)
 
     files: list[str] = []
-    with atomic_path(final) as tmp:
+    with writing_output(final, "export", overwrite=overwrite, inputs=inputs), atomic_path(final) as tmp:
         tmp.mkdir(parents=True)
         if fmt == "native":
-            files += _write_native(head_dir, tmp)
+            files += _write_native(head_dir, head_files, tmp)
         else:
             ckpt = to_engine(head_type, fmt, state, meta, info, base_model=base,
                              dtype=DTYPE_NAMES[dtype] if dtype else None, speculative_tokens=speculative_tokens)
@@ -396,6 +389,7 @@ def export_head(
         files.append(EXPORT_META_NAME)
         (tmp / CARD_NAME).write_text(card_from_export_meta(export_meta, repo_id, local_path=final), encoding="utf-8")
         files.append(CARD_NAME)
+        write_manifest(tmp, files, "export")  # what `push` uploads, and nothing else
     for message in warnings:
         logger.warning("%s", message)
     return ExportResult(final, fmt, head_type, sorted(files), warnings, notes)
@@ -437,17 +431,17 @@ def card_from_export_meta(export_meta: dict[str, Any], repo_id: str | None, loca
                              repo_id)
 
 
-def _write_native(head_dir: Path, tmp: Path) -> list[str]:
-    files = []
-    for name in (HEAD_WEIGHTS_NAME, HEAD_CONFIG_NAME, RECIPE_NAME, TUNED_NAME):
-        if (head_dir / name).is_file():
-            shutil.copy2(head_dir / name, tmp / name)
-            files.append(name)
-    if (head_dir / ADAPTER_DIR).is_dir():
-        shutil.copytree(head_dir / ADAPTER_DIR, tmp / ADAPTER_DIR)
-        files += [f"{ADAPTER_DIR}/{p.relative_to(tmp / ADAPTER_DIR)}" for p in sorted((tmp / ADAPTER_DIR).rglob("*"))
-                  if p.is_file()]
-    return files
+#: What a native export copies from the head folder (``adapter/``: Medusa-2's LoRA adapter, every file under it).
+NATIVE_FILES = (HEAD_WEIGHTS_NAME, HEAD_CONFIG_NAME, RECIPE_NAME, TUNED_NAME, ADAPTER_DIR)
+
+
+def _write_native(head_dir: Path, head_files: list[str], tmp: Path) -> list[str]:
+    """Copy ``head_files`` (:func:`~specgraft.utils.outputs.files_inside` checked that none leads out of the head
+    folder) byte for byte; returns their names."""
+    for name in head_files:
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(head_dir / name, tmp / name)
+    return [Path(name).as_posix() for name in head_files]
 
 
 def _verify_written(path: Path, tensors: dict[str, torch.Tensor]) -> None:
