@@ -8,6 +8,7 @@ import errno
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -680,6 +681,93 @@ CASES_47 = [
 ]
 
 
+def _profile(c: Path, edit) -> str:
+    """A valid-looking cost profile with ``edit`` applied to its dict."""
+    data = {"version": 1, "device": "cpu", "device_name": "cpu", "dtype": "float32", "threads": 1,
+            "torch_version": "2", "target": {}, "kv_length": 64,
+            "step_s": {"chain": {"1": 0.01, "2": 0.012}, "tree": {"2": 0.013}}, "drafters": {}}
+    edit(data)
+    (c / "profile.json").write_text(json.dumps(data))
+    return str(c / "profile.json")
+
+
+def _tune_with(w: Path, *extra: str) -> list[str]:
+    return ["tune", "--target", str(w / "target"), "--head", str(w / "head"), "--prompts", str(w / "prompts.jsonl"),
+            "--out", str(w / "fresh-tune-unused"), *extra]
+
+
+def _report(c: Path, overall: dict, drafter: dict | None = None) -> str:
+    folder = c / "report"
+    folder.mkdir(exist_ok=True)
+    text = json.dumps({"drafter": drafter or {"type": "medusa", "path": None, "mode": "tree"}, "domains": {},
+                       "overall": {"steps": 4, "depth_accepted": [2, 1], "tau": 1.5, **overall}})
+    (folder / "report.json").write_text(text)
+    return str(folder)
+
+
+def _head_with_tuned(w: Path, c: Path, record: object) -> str:
+    head = _head_copy(w, c)
+    (head / "tuned.json").write_text(json.dumps(record))
+    return str(head)
+
+
+NUMBER_CASES = [
+    ("numbers", "tune with a NaN step cost",
+     lambda w, c: _tune_with(w, "--cost-profile", _profile(c, lambda d: d["step_s"]["chain"].update({"2": math.nan}))),
+     "holds NaN, which is not a finite number"),
+    ("numbers", "tune with a negative step cost",
+     lambda w, c: _tune_with(w, "--cost-profile", _profile(c, lambda d: d["step_s"]["chain"].update({"2": -0.5}))),
+     "step_s.chain.2 is -0.5; it must be a finite number > 0"),
+    ("numbers", "tune with all-zero step costs",
+     lambda w, c: _tune_with(w, "--cost-profile", _profile(c, lambda d: d["step_s"].update(
+         chain={"1": 0, "2": 0}))), "step_s.chain.1 is 0; it must be a finite number > 0"),
+    ("numbers", "tune with a profile section of the wrong type",
+     lambda w, c: _tune_with(w, "--cost-profile", _profile(c, lambda d: d.update(drafters={"x": [1, 2]}))),
+     "drafters.x is list, not an object"),
+    ("numbers", "tune with a step cost given as a string",
+     lambda w, c: _tune_with(w, "--cost-profile", _profile(c, lambda d: d["step_s"]["chain"].update({"2": "fast"}))),
+     "is 'fast', not a number"),
+    ("numbers", "simulate with a NaN report value",
+     lambda w, c: ["simulate", "--report", _report(c, {"alpha_exact": math.nan}), "--cost-ratio", "0.1"],
+     "holds NaN"),
+    ("numbers", "simulate with a negative acceptance rate",
+     lambda w, c: ["simulate", "--report", _report(c, {"acceptance_by_depth": [0.5, -0.2]}), "--cost-ratio", "0.1"],
+     "acceptance_by_depth[1] is -0.2"),
+    ("numbers", "tune with the calibration of another drafter",
+     lambda w, c: _tune_with(w, "--calibration", _report(c, {}, {"type": "self", "path": None})),
+     "measured the self drafter, not this medusa drafter"),
+    ("numbers", "profile --kv-length 0",
+     lambda w, c: ["profile", "--target", str(w / "target"), "--out", str(c / "p.json"), "--kv-length", "0"],
+     "--kv-length must be at least 2"),
+    ("numbers", "tune --kv-length 0", lambda w, c: _tune_with(w, "--kv-length", "0"), "--kv-length must be at least 2"),
+    ("numbers", "profile --repeats unbounded",
+     lambda w, c: ["profile", "--target", str(w / "target"), "--out", str(c / "p.json"), "--repeats", "1000000000"],
+     "--repeats must be in [1, 1000]"),
+    ("numbers", "eval --repeats unbounded", lambda w, c: [*_eval(w, "unused"), "--out", str(c / "out"), "--repeats",
+                                                          "1000000000"], "repeats must be at most 1000"),
+    ("numbers", "export --speculative-tokens huge",
+     lambda w, c: ["export", str(w / "head"), "--format", "native", "--out", str(c / "out"), "--speculative-tokens",
+                   "1000000000"], "speculative tokens must be an integer in [1, 64]"),
+    ("numbers", "export with a NaN report value",
+     lambda w, c: ["export", str(w / "head"), "--format", "native", "--out", str(c / "out"), "--report",
+                   _report(c, {"tau": math.nan}, {"type": "medusa", "path": str(w / "head")})], "holds NaN"),
+    ("numbers", "export --repo-id ../../x",
+     lambda w, c: ["export", str(w / "head"), "--format", "native", "--out", str(c / "out"), "--repo-id", "../../x"],
+     "is not a Hub repo id"),
+    ("numbers", "push --repo-id org/..",
+     lambda w, c: ["push", str(_export(w, c)), "--repo-id", "org/..", "--dry-run"], "is not of the form ORG/NAME"),
+    ("numbers", "export with a tuned.json depth of -1",
+     lambda w, c: ["export", _head_with_tuned(w, c, {"kind": "medusa", "setting": {"mode": "tree", "depth": -1},
+                                                     "device": {}}), "--format", "native", "--out", str(c / "out")],
+     "setting.depth is -1"),
+    ("numbers", "eval with a tuned.json whose setting is a list",
+     lambda w, c: ["eval", "--target", str(w / "target"), "--head", _head_with_tuned(w, c, {
+         "kind": "medusa", "setting": [3], "device": {}}), "--prompts", str(w / "prompts.jsonl"), "--out",
+                   str(c / "out")], "setting is list, not an object"),
+]
+CASES_47 += NUMBER_CASES
+
+
 def _marked(folder: Path, command: str) -> Path:
     from specgraft.utils.outputs import mark_output
 
@@ -725,7 +813,7 @@ def test_issue_47_case(world, case, tmp_path, capsys, monkeypatch):
 
 def test_issue_47_has_a_case_per_class():
     classes = {c[0] for c in CASES_47} | ({"lock"} if LOCK_CASES else set())
-    assert {"overwrite", "leak", "lock"} <= classes
+    assert {"overwrite", "leak", "lock", "numbers"} <= classes
 
 
 def test_leak_check_catches_a_command_that_follows_a_link(world, tmp_path, monkeypatch):

@@ -26,6 +26,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from specgraft.errors import SpecgraftError
+from specgraft.eval.report_reader import check_report_for_head, read_report, report_problem, same_path
+from specgraft.eval.search import MAX_TREE_TOKENS
 from specgraft.eval.tune import TUNED_NAME, is_plain, read_tuned
 from specgraft.export.card import HUB_REPO_ID, is_hub_id, render_model_card
 from specgraft.export.convert import (
@@ -195,20 +197,9 @@ def _load_recipe_dict(head_dir: Path) -> dict[str, Any] | None:
 
 
 def load_report(path: str | Path) -> tuple[dict[str, Any], Path]:
-    """An eval report (``report.json``, or a folder holding one) and the folder its plots are relative to."""
-    path = Path(path)
-    file = path / REPORT_NAME if path.is_dir() else path
-    if not file.is_file():
-        raise SpecgraftError(f"no eval report at {file}; pass the folder `specgraft eval` wrote (with {REPORT_NAME})")
-    try:
-        report = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecgraftError(f"{file} is not valid JSON ({exc}); re-run the evaluation") from None
-    if not isinstance(report, dict):
-        raise SpecgraftError(f"{file} is not an eval report (a JSON object); re-run the evaluation")
-    problem = _report_problem(report)
-    if problem is not None:
-        raise SpecgraftError(f"{file} is not a `specgraft eval` report ({problem}); re-run the evaluation")
+    """An eval report (``report.json``, or a folder holding one), checked
+    (:func:`~specgraft.eval.report_reader.read_report`), and the folder its plots are relative to."""
+    report, file = read_report(path, "pass a report `specgraft eval` wrote, or re-run the evaluation", required=())
     return report, file.parent
 
 
@@ -229,47 +220,10 @@ def find_latest_report(head_dir: Path) -> Path | None:
         drafter_path = drafter.get("path") if isinstance(drafter, dict) else None
         # Only a report of THIS head: self/random/draft-model runs (path null or another folder) measured
         # another drafter, and their numbers would be published as this head's.
-        if isinstance(drafter_path, str) and _same_path(drafter_path, head_dir, path.parent) \
-                and _report_problem(report) is None:
+        if isinstance(drafter_path, str) and same_path(drafter_path, head_dir, path.parent) \
+                and report_problem(report) is None:
             matching.append(path)
     return max(matching, key=lambda p: p.stat().st_mtime) if matching else None
-
-
-#: Report fields the card and export read, and the JSON type each must have when present.
-_REPORT_FIELD_TYPES: dict[str, type] = {"drafter": dict, "overall": dict, "domains": dict, "plots": dict,
-                                        "settings": dict}
-
-
-def _report_problem(report: dict[str, Any]) -> str | None:
-    """What makes ``report`` unusable for a card (a field of the wrong JSON type), or None."""
-    for key, kind in _REPORT_FIELD_TYPES.items():
-        value = report.get(key)
-        if value is not None and not isinstance(value, kind):
-            return f"its {key!r} is {type(value).__name__}, expected a JSON object"
-    for name, values in (report.get("domains") or {}).items():
-        if values is not None and not isinstance(values, dict):
-            return f"its domain {name!r} is {type(values).__name__}, expected a JSON object"
-    return None
-
-
-def check_report_for_head(report: dict[str, Any], file: Path, head_type: str, head_dir: Path) -> list[str]:
-    """Refuse a report that measured another kind of drafter; warnings when it names another folder."""
-    drafter = report.get("drafter") or {}
-    measured = drafter.get("type")
-    if measured != head_type:
-        raise SpecgraftError(f"{file} measured the {measured or 'unknown'} drafter, not this {head_type} head; pass "
-                             f"a report of `specgraft eval --head {head_dir}` (or none)")
-    recorded = drafter.get("path")
-    if not isinstance(recorded, str) or not _same_path(recorded, head_dir, file.parent):
-        return [f"{file} was measured on the head at {recorded}, not {head_dir}; the card shows its numbers as this "
-                "head's, so make sure it is the same head"]
-    return []
-
-
-def _same_path(recorded: str, head_dir: Path, base: Path) -> bool:
-    candidate = Path(recorded)
-    candidates = [candidate] if candidate.is_absolute() else [candidate, base / candidate]
-    return any(c.exists() and c.resolve() == head_dir.resolve() for c in candidates)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -320,8 +274,13 @@ def export_head(
     engines = tuned_engine_settings(tuned) if tuned is not None else {}
     if speculative_tokens is None:
         speculative_tokens = (engines.get("vllm", {}).get("num_speculative_tokens", DEFAULT_SPECULATIVE_TOKENS))
-    if speculative_tokens < 1:
-        raise SpecgraftError(f"speculative tokens must be at least 1, got {speculative_tokens}")
+    if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) \
+            or not 1 <= speculative_tokens <= MAX_TREE_TOKENS:
+        raise SpecgraftError(f"speculative tokens must be an integer in [1, {MAX_TREE_TOKENS}] (the longest draft "
+                             f"specgraft verifies), got {speculative_tokens!r}")
+    if repo_id is not None and (not HUB_REPO_ID.match(repo_id) or ".." in repo_id):
+        raise SpecgraftError(f"--repo-id {repo_id!r} is not a Hub repo id of the form ORG/NAME; e.g. "
+                             "my-org/llama-eagle3")
     base = base_model or recorded_base_model(meta["target"]["name_or_path"])
     final, warnings = export_path(out, head_type, fmt, keep_name)
     inputs = [head_dir, report, target if not isinstance(target, Target) else None]

@@ -91,7 +91,7 @@ def plan_push(folder: str | Path, repo_id: str, base_model: str | None = None) -
     folder = Path(folder)
     if not folder.is_dir():
         raise SpecgraftError(f"{folder} is not a folder; pass the output folder of `specgraft export`")
-    if not _REPO_ID.match(repo_id):
+    if not _REPO_ID.match(repo_id) or ".." in repo_id:
         raise SpecgraftError(f"repo id {repo_id!r} is not of the form ORG/NAME; e.g. --repo-id my-org/llama-eagle3")
     if base_model is not None:
         require_hub_base_model(base_model)
