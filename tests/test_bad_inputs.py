@@ -768,6 +768,80 @@ NUMBER_CASES = [
 CASES_47 += NUMBER_CASES
 
 
+def _gzip_bomb(c: Path, name: str, line: bytes, size: int, lines: bool = False) -> Path:
+    """A small .gz that expands to about ``size`` bytes: ``line`` repeated (one huge line unless ``lines``)."""
+    import gzip
+
+    path = c / name
+    unit = line + b"\n" if lines else line
+    chunk = unit * max(1, (1 << 20) // len(unit))
+    with gzip.open(path, "wb", compresslevel=9) as fh:
+        for _ in range(size // len(chunk)):
+            fh.write(chunk)
+    return path
+
+
+def _gguf_huge_array(c: Path) -> str:
+    """A 100-byte GGUF whose metadata claims an array of 2**30 strings (a reader would allocate by it)."""
+    import struct
+
+    key = b"tokenizer.ggml.tokens"
+    data = (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+            + struct.pack("<IIQ", 9, 8, 1 << 30) + b"\0" * 64)
+    (c / "huge.gguf").write_bytes(data)
+    return str(c / "huge.gguf")
+
+
+def _gguf_huge_string(c: Path) -> str:
+    import struct
+
+    key = b"general.architecture"
+    data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, 1 << 40)
+    (c / "huge.gguf").write_bytes(data + b"llama")
+    return str(c / "huge.gguf")
+
+
+def _tiny_gguf(c: Path, **changes) -> str:
+    from specgraft.testing import write_tiny_gguf
+
+    return str(write_tiny_gguf(c / "model.gguf", **changes))
+
+
+EXPAND_CASES = [
+    ("expand", "eval --prompts: a .gz of one 100 MB line",
+     lambda w, c: [*_eval(w, "unused"), "--out", str(c / "out"), "--prompts",
+                   str(_gzip_bomb(c, "bomb.jsonl.gz", b"a", 100 << 20))], "has a line longer than 8 MiB"),
+    ("expand", "eval --prompts: a .gz of 100 MB of short prompts",
+     lambda w, c: [*_eval(w, "unused"), "--out", str(c / "out"), "--prompts",
+                   str(_gzip_bomb(c, "many.jsonl.gz", b'{"text": "hi"}', 100 << 20, lines=True))],
+     "holds more than 100,000 prompts"),
+    ("expand", "train data: a .gz of one 100 MB record",
+     lambda w, c: ["train", str(recipe(w, "gzb", data={"path": str(_gzip_bomb(c, "data.jsonl.gz", b"a", 100 << 20)),
+                                                        "format": "auto"}))], "has a line longer than 64 MiB"),
+    ("expand", "convert-gguf: metadata claims a 2**30-string array",
+     lambda w, c: ["convert-gguf", _gguf_huge_array(c), "--out", str(c / "out")],
+     "(an array of 1073741824 items) does not fit"),
+    ("expand", "convert-gguf: metadata claims a 1 TB string",
+     lambda w, c: ["convert-gguf", _gguf_huge_string(c), "--out", str(c / "out")], "(a string) does not fit"),
+    ("expand", "eval --prompts: a damaged .gz", lambda w, c: [*_eval(w, "unused"), "--out", str(c / "out"),
+                                                             "--prompts", str(_write(c / "cut.jsonl.gz", "x"))],
+     "not a complete gzip file"),
+    ("gguf", "convert-gguf: a tensor missing", lambda w, c: ["convert-gguf", _tiny_gguf(
+        c, drop_tensors=("blk.1.ffn_up.weight",)), "--out", str(c / "out")],
+     "model.layers.1.mlp.up_proj.weight are missing and would be random"),
+    ("gguf", "convert-gguf: metadata names a layer the file lacks",
+     lambda w, c: ["convert-gguf", _tiny_gguf(c, block_count=3), "--out", str(c / "out")],
+     "does not hold every weight its metadata describes"),
+    ("gguf", "convert-gguf: context length 0",
+     lambda w, c: ["convert-gguf", _tiny_gguf(c, context_length=0), "--out", str(c / "out")],
+     "its context length is 0"),
+    ("gguf", "eval with a GGUF target missing a tensor",
+     lambda w, c: ["eval", "--target", _tiny_gguf(c, drop_tensors=("output_norm.weight",)), "--drafter", "self",
+                   "--prompts", str(w / "prompts.jsonl"), "--out", str(c / "out")], "are missing and would be random"),
+]
+CASES_47 += EXPAND_CASES
+
+
 def _marked(folder: Path, command: str) -> Path:
     from specgraft.utils.outputs import mark_output
 
@@ -813,7 +887,7 @@ def test_issue_47_case(world, case, tmp_path, capsys, monkeypatch):
 
 def test_issue_47_has_a_case_per_class():
     classes = {c[0] for c in CASES_47} | ({"lock"} if LOCK_CASES else set())
-    assert {"overwrite", "leak", "lock", "numbers"} <= classes
+    assert {"overwrite", "leak", "lock", "numbers", "expand", "gguf"} <= classes
 
 
 def test_leak_check_catches_a_command_that_follows_a_link(world, tmp_path, monkeypatch):
@@ -883,3 +957,21 @@ def test_issue_47_one_writer_per_output(world, case, tmp_path, capsys, monkeypat
     folder, name = held(tmp_path)
     with output_lock(folder, "the other run", name=name or LOCK_NAME):
         run_contract(world, tmp_path, argv, "another specgraft process is writing to", capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("case", [c for c in EXPAND_CASES if c[0] == "expand" and "damaged" not in c[1]],
+                         ids=[c[1] for c in EXPAND_CASES if c[0] == "expand" and "damaged" not in c[1]])
+def test_expanding_inputs_are_refused_under_1_gb(world, case, tmp_path):
+    """Peak memory of the whole process (imports included) until the refusal stays under 1 GB: the limits are
+    checked while reading, not after."""
+    _, _, build_argv, words = case
+    argv = build_argv(world, tmp_path)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(world / "hf-home")}
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "specgraft", *argv], stdout=subprocess.DEVNULL, stderr=err,
+                                env=env)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak (Linux: KiB)
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert os.waitstatus_to_exitcode(status) == 2 and words in stderr and "Traceback" not in stderr, stderr
+    assert usage.ru_maxrss < 1 << 20, f"peak memory {usage.ru_maxrss / 1024:.0f} MiB"
+    print(f"{case[1]}: peak {usage.ru_maxrss / 1024:.0f} MiB")

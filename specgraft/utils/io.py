@@ -173,3 +173,33 @@ def folder_has_content(folder: str | os.PathLike) -> bool:
     marker."""
     folder = Path(folder)
     return folder.is_dir() and any(p.name not in CARRIED_OVER for p in folder.iterdir())
+
+
+def iter_lines_limited(path: str | os.PathLike, max_line_bytes: int, max_total_bytes: int | None = None,
+                       what: str = "file") -> Iterator[bytes]:
+    """The lines of a text file (``.gz``: decompressed as it is read), refusing a line longer than
+    ``max_line_bytes`` or more than ``max_total_bytes`` in all before holding them: a small compressed file can
+    expand to gigabytes, and a line is otherwise read whole before anything can look at it."""
+    import gzip
+    import zlib
+
+    path = Path(path)
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    total = 0
+    with opener(path, "rb") as fh:
+        while True:
+            try:
+                line = fh.readline(max_line_bytes + 1)
+            except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+                raise SpecgraftError(f"{what} {path} is not a complete gzip file ({type(exc).__name__}: {exc}); "
+                                     "re-download or re-compress it") from None
+            if not line:
+                return
+            total += len(line)
+            if len(line) > max_line_bytes:
+                raise SpecgraftError(f"{what} {path} has a line longer than {max_line_bytes >> 20} MiB (decompressed); "
+                                     "pass a file with one record per line")
+            if max_total_bytes is not None and total > max_total_bytes:
+                raise SpecgraftError(f"{what} {path} holds more than {max_total_bytes >> 20} MiB of text "
+                                     "(decompressed); pass a smaller file")
+            yield line
