@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError
-from specgraft.utils.io import atomic_path, sha256_file
+from specgraft.utils.io import atomic_path, require_file, sha256_file
 from specgraft.utils.outputs import writing_output
 
 logger = logging.getLogger(__name__)
@@ -170,8 +170,7 @@ def inspect_gguf(path: str | os.PathLike) -> str:
     gguf = _require_gguf_package()
     path = Path(path).expanduser()
     fix = "re-download the file or export it again with llama.cpp's convert_hf_to_gguf.py"
-    if not path.is_file():
-        raise SpecgraftError(f"GGUF file {path} does not exist; pass the path of a .gguf file")
+    require_file(path, "GGUF file", "pass the path of a .gguf file")
     with open(path, "rb") as fh:
         magic = fh.read(len(GGUF_MAGIC))
     if magic != GGUF_MAGIC:

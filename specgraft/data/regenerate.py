@@ -35,6 +35,7 @@ from specgraft.data.generate import generate_batch, generation_config, ids_past_
 from specgraft.data.tokenize import prompt_ids, stop_token_ids, text_prompt_ids, tokenizer_key, with_system_prompt
 from specgraft.errors import SpecgraftError
 from specgraft.utils.io import atomic_path, atomic_write_json
+from specgraft.utils.models import load_tokenizer
 from specgraft.utils.outputs import file_lock, refuse_inputs
 from specgraft.utils.seeds import derive_seed
 from specgraft.utils.threads import add_threads_argument, set_torch_threads
@@ -196,7 +197,7 @@ def load_model(path: str, dtype: str = "auto", device: Any = None) -> tuple[Any,
         SpecgraftError: the path does not exist, or transformers cannot load it.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from specgraft.gguf import resolve_model_path
 
@@ -212,8 +213,8 @@ def load_model(path: str, dtype: str = "auto", device: Any = None) -> tuple[Any,
     else:
         torch_dtype = getattr(torch, dtype)
     name = str(local) if local.exists() else path
+    tokenizer = load_tokenizer(name, f"--model {path}", "check --model (a hand-edited tokenizer.json must stay valid)")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype)
     except (OSError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]

@@ -45,7 +45,7 @@ from specgraft.eval.search import monotone
 from specgraft.eval.settings import MAX_REPEATS
 from specgraft.eval.tree import DraftTree
 from specgraft.utils.args import int_list
-from specgraft.utils.io import atomic_write_json, read_json_meta
+from specgraft.utils.io import atomic_write_json, read_json_meta, require_file
 from specgraft.utils.numbers import check_number, check_number_tree
 from specgraft.utils.outputs import writing_output
 
@@ -140,9 +140,7 @@ class CostProfile:
     @classmethod
     def load(cls, path: str | Path) -> CostProfile:
         file = Path(path)
-        if not file.is_file():
-            raise SpecgraftError(f"no cost profile at {file}; measure one with `specgraft profile --target ... "
-                                 f"--out {file}`")
+        require_file(file, "cost profile", f"measure one with `specgraft profile --target ... --out {file}`")
         return cls.from_dict(read_json_meta(file, (), "re-run `specgraft profile`"), where=str(file))
 
     # -- queries -------------------------------------------------------------------------------------------

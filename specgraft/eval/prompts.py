@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError
-from specgraft.utils.io import iter_lines_limited
+from specgraft.utils.io import iter_lines_limited, require_file
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +100,7 @@ def _open_text(path: Path) -> Iterator[str]:
 def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
     """``(line number, record)`` for every non-blank line of a JSONL file (``.gz`` allowed)."""
     path = Path(path)
-    if not path.is_file():
-        raise SpecgraftError(f"prompt file {path} does not exist; pass a JSONL file of prompts")
+    require_file(path, "prompt file", "pass a JSONL file of prompts")
     records = []
     for lineno, line in enumerate(_open_text(path), start=1):
         if not line.strip():

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError
-from specgraft.utils.io import read_json_meta
+from specgraft.utils.io import read_json_meta, require_file
 from specgraft.utils.numbers import check_number, check_number_tree, is_number
 
 REPORT_FILE = "report.json"
@@ -60,8 +60,7 @@ def read_report(path: str | Path, fix: str = "pass the report.json that `specgra
                 required: tuple[str, ...] = ("overall",)) -> tuple[dict[str, Any], Path]:
     """The report at ``path`` (a report.json or its folder) and its file, checked (see the module docstring)."""
     file = report_file(path)
-    if not file.is_file():
-        raise SpecgraftError(f"no eval report at {file}; {fix}")
+    require_file(file, "eval report", fix)
     report = read_json_meta(file, required, fix)
     problem = report_problem(report)
     if problem is not None:

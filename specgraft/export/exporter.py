@@ -166,8 +166,10 @@ def read_head_state(head_dir: Path, meta: dict[str, Any], info: TargetInfo) -> d
         rebuild_head(info.skeleton, meta["head_type"], meta["config"], state, str(weights), load=False)
     except HeadWeightsMismatch as exc:
         if exc.missing:
-            raise SpecgraftError(f"head checkpoint {weights} is missing tensors {exc.missing[:6]}; it is incomplete "
-                                 "or truncated, re-save the head (or re-run training)") from None
+            # Either file can be the wrong one: weights cut short, or a head_config.json edited to ask for more.
+            raise SpecgraftError(f"{weights} and {head_dir / HEAD_CONFIG_NAME} disagree: the config asks for missing "
+                                 f"tensors {exc.missing[:6]}; if {HEAD_CONFIG_NAME} was edited, restore it, else the "
+                                 "checkpoint is incomplete: re-save the head (or re-run training)") from None
         if exc.unexpected:
             raise SpecgraftError(f"head checkpoint {weights} has unexpected tensors {exc.unexpected[:6]} for a "
                                  f"{meta['head_type']} head of this config; its {HEAD_CONFIG_NAME} was edited or "

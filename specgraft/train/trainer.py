@@ -41,7 +41,7 @@ from specgraft.target import Target, target_from_config
 from specgraft.train import checkpoint as ckpt
 from specgraft.train.step import HeadTrainStep, TrainStep
 from specgraft.utils.io import CARRIED_OVER, atomic_write_json, folder_has_content
-from specgraft.utils.outputs import check_output, mark_output
+from specgraft.utils.outputs import check_output, mark_output, require_utf8_path
 
 logger = logging.getLogger(__name__)
 
@@ -276,6 +276,7 @@ class RecipeTrainer:
         """Refuse output.dir unless it is new, empty, this recipe's run (--resume) or an earlier output of this
         command (output.overwrite); called before anything is loaded."""
         out = self.output_dir
+        require_utf8_path(out, "output.dir")
         if self.resume:
             # Refuse a checkpoint of another recipe before loading anything heavy.
             folder = ckpt.latest_good_checkpoint(out)

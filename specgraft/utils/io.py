@@ -203,3 +203,14 @@ def iter_lines_limited(path: str | os.PathLike, max_line_bytes: int, max_total_b
                 raise SpecgraftError(f"{what} {path} holds more than {max_total_bytes >> 20} MiB of text "
                                      "(decompressed); pass a smaller file")
             yield line
+
+
+def require_file(path: Path, what: str, fix: str, error: type[SpecgraftError] = SpecgraftError) -> None:
+    """Refuse ``path`` unless it is a regular file, saying what it is instead: missing, a folder, or a device or
+    pipe (``what``: how the message names it, ``fix``: the end of the message, ``error``: the exception type)."""
+    if path.is_dir():
+        raise error(f"{what} {path} is a folder, not a file; {fix}")
+    if path.exists() and not path.is_file():
+        raise error(f"{what} {path} is not a regular file (a device, pipe or socket); {fix}")
+    if not path.is_file():
+        raise error(f"{what} {path} does not exist; {fix}")

@@ -84,6 +84,7 @@ def check_output(out: str | os.PathLike, command: str, *, overwrite: bool,
     nor contain one. ``file``: the output is a file (else a folder).
     """
     out = Path(out)
+    require_utf8_path(out, flag)
     refuse_inputs(out, inputs, flag)
     if file:
         if out.is_dir():
@@ -105,6 +106,17 @@ def check_output(out: str | os.PathLike, command: str, *, overwrite: bool,
         raise SpecgraftError(f"{flag} {out} was written {written}; --overwrite replaces only an earlier "
                              f"`specgraft {command}` output: choose another {flag} (or delete it yourself)")
     return True
+
+
+def require_utf8_path(path: Path, flag: str = "--out") -> None:
+    """Refuse an output path that is not valid UTF-8 (undecodable bytes Python keeps as surrogates): safetensors,
+    which writes the weights and checkpoints, cannot open such a path, and would fail only after the work."""
+    try:
+        os.fsdecode(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsdecode(path).encode("utf-8", "backslashreplace").decode("utf-8")
+        raise SpecgraftError(f"{flag} {shown} is not valid UTF-8; choose a path whose names are UTF-8 (safetensors "
+                             "cannot write elsewhere)") from None
 
 
 def refuse_inputs(out: Path, inputs: Iterable[str | os.PathLike | None], flag: str = "--out") -> None:
