@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -62,6 +63,9 @@ OS_ERROR_HINTS: dict[int, str] = {
     errno.ENOMEM: "not enough memory; use smaller settings",
 }
 
+#: A recipe override on the command line (``section.key=value``).
+OVERRIDE = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)+=")
+
 #: Subcommands whose runs keep checkpoints (an interrupted run continues with --resume).
 RESUMABLE_COMMANDS = ("train", "distill")
 
@@ -70,6 +74,13 @@ class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (the problem and where to look) instead of usage + error."""
 
     def error(self, message: str) -> NoReturn:
+        prefix = "unrecognized arguments: "
+        extra = message[len(prefix):].split() if message.startswith(prefix) else []
+        overrides = [arg for arg in extra if OVERRIDE.match(arg)]
+        if overrides and len(overrides) == len(extra):
+            # argparse takes the recipe's key=value overrides only before the first flag.
+            self.exit(2, f"error: the override(s) {' '.join(overrides)} came after a flag; overrides go right after "
+                         f"the recipe, before any flag: `specgraft COMMAND RECIPE {' '.join(overrides)} --flags...`\n")
         self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
 
 
@@ -103,6 +114,14 @@ def _command_of(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``specgraft`` and ``python -m specgraft``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # while starting: importing the command's libraries, before its own handler
+        _report("error: interrupted while starting; rerun the command")
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     # Reading a local JSON/text file with `datasets` otherwise pings a download counter on the internet.
     os.environ.setdefault("HF_UPDATE_DOWNLOAD_COUNTS", "false")
     command = _command_of(argv)
@@ -128,6 +147,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LIBRARY_ERRORS as exc:
         _report(f"error: {describe_library_error(exc, args.verbose)}", exc if args.verbose else None)
         return 2
+    except Exception as exc:  # noqa: BLE001 (only the Rust libraries' errors are reported; the rest re-raised)
+        if not is_native_library_error(exc):
+            raise
+        _report(f"error: {describe_native_error(exc, args.verbose)}", exc if args.verbose else None)
+        return 2
+
+
+def is_native_library_error(exc: BaseException) -> bool:
+    """An error raised by a Rust extension on its input: ``safetensors``' SafetensorError (which also carries
+    I/O failures such as a full disk) or the bare ``Exception`` that ``tokenizers`` raises."""
+    return type(exc) is Exception or type(exc).__module__.split(".")[0] in ("safetensors", "safetensors_rust")
+
+
+def describe_native_error(exc: BaseException, verbose: bool) -> str:
+    """One line for :func:`is_native_library_error`'s errors; a wrapped OS error gets the OS error's hint."""
+    text = str(exc)
+    for code, hint in OS_ERROR_HINTS.items():
+        # safetensors formats an I/O failure as `IoError(Os { code: 28, kind: StorageFull, message: "..." })`.
+        if f"code: {code}," in text:
+            reason = os.strerror(code)
+            return f"{reason} (while writing or reading a safetensors file: {text.splitlines()[0][:160]}); {hint}"
+    return describe_library_error(exc, verbose)
 
 
 def describe_os_error(exc: OSError) -> str:
@@ -163,7 +204,9 @@ def _report(line: str, exc: BaseException | None = None) -> None:
     _close_progress_bars()
     if exc is not None:
         traceback.print_exception(exc, file=sys.stderr)
-    print(line, file=sys.stderr)
+    # A path that is not valid UTF-8 (kept as surrogates by Python) must not turn the message into a traceback.
+    encoding = getattr(sys.stderr, "encoding", None) or "utf-8"
+    print(line.encode(encoding, "backslashreplace").decode(encoding, "replace"), file=sys.stderr)
 
 
 def _close_progress_bars() -> None:

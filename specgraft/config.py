@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from specgraft.errors import ConfigError
-from specgraft.utils.io import atomic_write_text
+from specgraft.utils.io import atomic_write_text, require_file
 
 
 @dataclass
@@ -387,8 +387,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (), schema: type | 
     (default: :class:`Recipe` or :class:`DistillRecipe`, by the recipe's sections; a given schema that does not
     match them is refused naming the command to run)."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"recipe file {path} does not exist; pass the path of a YAML recipe (see recipes/)")
+    require_file(path, "recipe file", "pass the path of a YAML recipe (see recipes/)", ConfigError)
     try:
         raw = safe_load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specgraft.demo_steps import clear_folder, run_drafters, write_summary
+from specgraft.demo_steps import run_drafters, write_summary
 from specgraft.errors import SpecgraftError
 from specgraft.utils.io import atomic_write_text
+from specgraft.utils.outputs import writing_output
 
 if TYPE_CHECKING:
     from specgraft.target import Target
@@ -83,28 +84,29 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.threads is not None and args.threads < 1:
         raise SpecgraftError(f"--threads must be at least 1, got {args.threads}")
-    if out.exists() and not out.is_dir():
-        raise SpecgraftError(f"demo --out {out} is a file; pass a folder (it is created)")
-    if out.exists() and any(out.iterdir()) and not args.overwrite:
-        raise SpecgraftError(f"demo output folder {out} is not empty; pass --overwrite or choose another --out")
-    if args.target == "smollm2":
-        from specgraft.demo_smollm2 import SMOLLM2_FULL, SMOLLM2_QUICK, run_smollm2_demo
-
-        summary = run_smollm2_demo(out, SMOLLM2_QUICK if args.quick else SMOLLM2_FULL, threads=args.threads,
-                                   skip=set(args.skip), overwrite=args.overwrite, prompts=args.prompts,
-                                   sharegpt=args.sharegpt)
-    else:
-        if args.prompts is not None or args.sharegpt is not None:
-            raise SpecgraftError("--prompts and --sharegpt apply to `demo --target smollm2`; drop them for the "
-                                 "embedded target")
-        summary = run_demo(out, QUICK if args.quick else FULL, threads=args.threads, skip=set(args.skip),
-                           overwrite=args.overwrite)
+    if args.target != "smollm2" and (args.prompts is not None or args.sharegpt is not None):
+        raise SpecgraftError("--prompts and --sharegpt apply to `demo --target smollm2`; drop them for the "
+                             "embedded target")
+    # --overwrite empties only an earlier demo folder (never one holding the given prompts or conversations).
+    with writing_output(out, "demo", overwrite=args.overwrite, inputs=[args.prompts, args.sharegpt], clear=True):
+        summary = _run(args, out)
     print(summary["text"])
     return 0
 
 
-def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: set[str] | None = None,
-             overwrite: bool = False) -> dict[str, Any]:
+def _run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    if args.target == "smollm2":
+        from specgraft.demo_smollm2 import SMOLLM2_FULL, SMOLLM2_QUICK, run_smollm2_demo
+
+        summary = run_smollm2_demo(out, SMOLLM2_QUICK if args.quick else SMOLLM2_FULL, threads=args.threads,
+                                   skip=set(args.skip), prompts=args.prompts, sharegpt=args.sharegpt)
+    else:
+        summary = run_demo(out, QUICK if args.quick else FULL, threads=args.threads, skip=set(args.skip))
+    return summary
+
+
+def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: set[str] | None = None
+             ) -> dict[str, Any]:
     """Train, evaluate and export every drafter on the default target; returns the summary."""
     import torch
 
@@ -116,8 +118,6 @@ def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: se
         torch.set_num_threads(threads)
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    if overwrite:
-        clear_folder(out)
 
     target_path = default_target_path()
     target = load_target(target_path)

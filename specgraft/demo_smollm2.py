@@ -203,14 +203,14 @@ def regenerate_training_data(target_path: Path, records: Any, train_file: Path, 
 
 
 def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = None, skip: set[str] | None = None,
-                     overwrite: bool = False, prompts: str | None = None, sharegpt: str | None = None,
+                     prompts: str | None = None, sharegpt: str | None = None,
                      target_path: Path | None = None) -> dict[str, Any]:
     """Regenerate, train, evaluate, tune and export on SmolLM2-135M-Instruct; returns the summary.
 
     ``target_path``: an already converted SmolLM2 folder (default: the packaged GGUF's cached conversion)."""
     import torch
 
-    from specgraft.demo_steps import clear_folder, run_drafters, write_summary
+    from specgraft.demo_steps import run_drafters, write_summary
     from specgraft.target import load_target
 
     skip = skip or set()
@@ -219,8 +219,6 @@ def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = Non
     started = time.perf_counter()
     target_path = Path(target_path) if target_path is not None else locate_target()  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
-    if overwrite:
-        clear_folder(out)
     target = load_target(target_path, dtype="float32")
     print(f"[demo] target: {target} from {target_path}", flush=True)
 

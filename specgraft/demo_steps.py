@@ -11,14 +11,6 @@ from specgraft.defaults.corpus import DOMAINS
 from specgraft.utils.io import atomic_write_json, atomic_write_text
 
 
-def clear_folder(folder: Path) -> None:
-    """Delete everything inside ``folder`` (``--overwrite``)."""
-    import shutil
-
-    for child in folder.iterdir():
-        shutil.rmtree(child) if child.is_dir() else child.unlink()
-
-
 def run_drafters(out: Path, target: Any, target_path: Path, recipes: dict[str, Any], prompts_file: Path,
                  budget: Any, threads: int | None, export: bool = True
                  ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], dict[str, Path]]:

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError
-from specgraft.utils.io import atomic_path, check_output_folder, sha256_file
+from specgraft.utils.io import atomic_path, require_file, sha256_file
+from specgraft.utils.outputs import writing_output
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,80 @@ def _require_gguf_package() -> Any:
     return gguf
 
 
+#: Byte sizes of GGUF's fixed-size value types (by type id); 8 is a string, 9 an array.
+_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+#: Dimensions a GGUF tensor may have (ggml's GGML_MAX_DIMS).
+_GGUF_MAX_DIMS = 4
+
+
+def check_gguf_sizes(path: Path, fix: str) -> None:
+    """Walk a GGUF's header (metadata and tensor infos) and refuse any count or length its file cannot hold,
+    before a reader allocates by it: a few KB whose metadata claims a billion-entry array would otherwise cost
+    gigabytes of memory. Reads the header only (memory-mapped)."""
+    import mmap
+    import struct
+
+    size = path.stat().st_size
+
+    def bad(what: str) -> SpecgraftError:
+        return SpecgraftError(f"{path} is truncated or corrupt: {what} does not fit in its {size} bytes; {fix}")
+
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        pos = 4
+
+        def take(fmt: str, what: str) -> int:
+            nonlocal pos
+            width = struct.calcsize(fmt)
+            if pos + width > size:
+                raise bad(what)
+            (value,) = struct.unpack_from(fmt, data, pos)
+            pos += width
+            return int(value)
+
+        def skip(n: int, what: str) -> None:
+            nonlocal pos
+            if n < 0 or pos + n > size:
+                raise bad(what)
+            pos += n
+
+        def value(kind: int, what: str, depth: int = 0) -> None:
+            if kind in _GGUF_SCALAR_BYTES:
+                skip(_GGUF_SCALAR_BYTES[kind], what)
+            elif kind == _GGUF_STRING:
+                skip(take("<Q", what), f"{what} (a string)")
+            elif kind == _GGUF_ARRAY and depth < 2:
+                item, count = take("<I", what), take("<Q", what)
+                least = _GGUF_SCALAR_BYTES.get(item, 8)  # a string or array item takes at least its 8-byte count
+                if count * least > size - pos:
+                    raise bad(f"{what} (an array of {count} items)")
+                if item in _GGUF_SCALAR_BYTES:
+                    skip(count * least, what)
+                else:
+                    for _ in range(count):
+                        value(item, what, depth + 1)
+            else:
+                raise SpecgraftError(f"{path} is corrupt: {what} has an unknown value type {kind}; {fix}")
+
+        version = take("<I", "the version")
+        count_format = "<I" if version == 1 else "<Q"
+        tensors, entries = take(count_format, "the tensor count"), take(count_format, "the metadata count")
+        if entries * 12 > size - pos or tensors * 24 > size - pos:  # a key length + type; a tensor info at least
+            raise bad(f"a header of {entries} metadata entries and {tensors} tensors")
+        for i in range(entries):
+            key_length = take("<Q", f"metadata entry {i}")
+            skip(key_length, f"the key of metadata entry {i}")
+            key = bytes(data[pos - key_length:pos]).decode("utf-8", "replace")
+            value(take("<I", key), f"metadata {key!r}")
+        for i in range(tensors):
+            skip(take("<Q", f"tensor {i}'s name"), f"tensor {i}'s name")
+            dims = take("<I", f"tensor {i}'s dimension count")
+            if dims > _GGUF_MAX_DIMS:
+                raise SpecgraftError(f"{path} is corrupt: tensor {i} claims {dims} dimensions (at most "
+                                     f"{_GGUF_MAX_DIMS}); {fix}")
+            skip(8 * dims + 4 + 8, f"tensor {i}'s shape, type and offset")
+
+
 def inspect_gguf(path: str | os.PathLike) -> str:
     """Check that ``path`` is a complete GGUF file and return its ``general.architecture``.
 
@@ -95,13 +170,13 @@ def inspect_gguf(path: str | os.PathLike) -> str:
     gguf = _require_gguf_package()
     path = Path(path).expanduser()
     fix = "re-download the file or export it again with llama.cpp's convert_hf_to_gguf.py"
-    if not path.is_file():
-        raise SpecgraftError(f"GGUF file {path} does not exist; pass the path of a .gguf file")
+    require_file(path, "GGUF file", "pass the path of a .gguf file")
     with open(path, "rb") as fh:
         magic = fh.read(len(GGUF_MAGIC))
     if magic != GGUF_MAGIC:
         raise SpecgraftError(f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r}); {fix}")
     size = path.stat().st_size
+    check_gguf_sizes(path, fix)  # before the reader allocates by the header's counts
     try:
         reader = gguf.GGUFReader(str(path))
     except (ValueError, IndexError, KeyError, OverflowError) as exc:
@@ -151,8 +226,9 @@ def gguf_origin(path: str | os.PathLike) -> GGUFOrigin | None:
     if not path.is_file():
         return None
     try:
+        check_gguf_sizes(path, "")
         fields = gguf.GGUFReader(str(path)).fields
-    except (OSError, ValueError, IndexError, KeyError, OverflowError):
+    except (SpecgraftError, OSError, ValueError, IndexError, KeyError, OverflowError):
         return None
 
     def text(key: str) -> str | None:
@@ -196,6 +272,10 @@ def gguf_config(path: str | os.PathLike) -> Any:
             f"{', '.join(_supported_architectures())}); use the original checkpoint of this model instead"
         ) from None
     require_causal_lm(config, f"{path} ({architecture})")
+    context = getattr(config, "max_position_embeddings", None)
+    if context is not None and (not isinstance(context, int) or context < 1):
+        raise SpecgraftError(f"{path} says its context length is {context!r} ({architecture}.context_length); a "
+                             "model needs at least 1 position: re-export the GGUF from the original checkpoint")
     return config
 
 
@@ -222,7 +302,18 @@ def load_gguf(path: str | os.PathLike) -> LoadedGGUF:
     path = Path(path).expanduser()
     config = gguf_config(path)
     folder, name = str(path.parent), path.name
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    model, info = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                       output_loading_info=True)
+    # Every parameter must come from the file: transformers initialises the ones it does not find at random
+    # (metadata naming more layers than the file holds, a dropped tensor, an architecture loaded as a class
+    # whose weights it does not have) and the conversion would "succeed" with a partly random model.
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise SpecgraftError(f"{path} does not hold every weight its metadata describes ({config.model_type}: "
+                             f"{', '.join(missing[:3])}{more} are missing and would be random); re-export the GGUF "
+                             "from the original checkpoint with llama.cpp's convert_hf_to_gguf.py")
+    model.eval()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     context = getattr(config, "max_position_embeddings", None)
     if context:
@@ -257,7 +348,11 @@ def save_converted(loaded: LoadedGGUF, out: str | os.PathLike, dtype: str = "flo
                    overwrite: bool = False) -> Path:
     """Write a loaded GGUF as a transformers folder (see :func:`convert_gguf`)."""
     out = Path(out).expanduser()
-    check_output_folder(out, overwrite, flag="--out")
+    with writing_output(out, "convert-gguf", overwrite=overwrite):
+        return _save_converted(loaded, out, dtype)
+
+
+def _save_converted(loaded: LoadedGGUF, out: Path, dtype: str) -> Path:
     model = plain_model(loaded, dtype)
     with atomic_path(out) as tmp:
         tmp.mkdir()
@@ -276,8 +371,9 @@ def convert_gguf(file: str | os.PathLike, out: str | os.PathLike, dtype: str = "
     Raises:
         SpecgraftError: see :func:`gguf_config`; ``out`` is a file, or a non-empty folder without ``overwrite``.
     """
-    check_output_folder(Path(out).expanduser(), overwrite, flag="--out")  # before the slow part
-    return save_converted(load_gguf(file), out, dtype, overwrite)
+    out = Path(out).expanduser()
+    with writing_output(out, "convert-gguf", overwrite=overwrite, inputs=[file]):  # checked before the slow part
+        return _save_converted(load_gguf(file), out, dtype)
 
 
 def read_source(folder: str | os.PathLike) -> GGUFSource | None:

@@ -29,7 +29,8 @@ import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specgraft.errors import SpecgraftError
-from specgraft.utils.io import atomic_path, check_output_folder
+from specgraft.utils.io import atomic_path
+from specgraft.utils.outputs import writing_output
 
 # --- llama2.c facts (run.c / export.py), not tunables -----------------------------------------------------------
 #: Order of the int32 fields of the legacy header.
@@ -432,14 +433,14 @@ def convert_llama2c(
             is a file, or a non-empty folder and ``overwrite`` is False.
     """
     out_dir = Path(out_dir)
-    check_output_folder(out_dir, overwrite)
-    model = load_llama2c_model(checkpoint)
-    tok = load_llama2c_tokenizer(tokenizer, vocab_size=model.config.vocab_size)
-    tok.model_max_length = model.config.max_position_embeddings
-    with atomic_path(out_dir) as tmp:
-        tmp.mkdir()
-        model.save_pretrained(tmp, safe_serialization=True)  # also writes generation_config.json
-        tok.save_pretrained(tmp)
+    with writing_output(out_dir, "convert-llama2c", overwrite=overwrite, inputs=[checkpoint, tokenizer]):
+        model = load_llama2c_model(checkpoint)
+        tok = load_llama2c_tokenizer(tokenizer, vocab_size=model.config.vocab_size)
+        tok.model_max_length = model.config.max_position_embeddings
+        with atomic_path(out_dir) as tmp:
+            tmp.mkdir()
+            model.save_pretrained(tmp, safe_serialization=True)  # also writes generation_config.json
+            tok.save_pretrained(tmp)
     return out_dir
 
 

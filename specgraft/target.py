@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.gguf import read_source, resolve_model_path
-from specgraft.utils.models import DTYPES, require_causal_lm, resolve_dtype  # noqa: F401 (re-exported)
+from specgraft.utils.models import DTYPES, load_tokenizer, require_causal_lm, resolve_dtype  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 
@@ -351,11 +351,9 @@ def load_target(
     if device is not None:
         loaded = loaded.to(device)
     if tokenizer is None:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(name, revision=revision, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError) as exc:
-            raise SpecgraftError(f"could not load the tokenizer of {name} ({type(exc).__name__}); save the "
-                                 "tokenizer beside the model with tokenizer.save_pretrained") from None
+        tokenizer = load_tokenizer(name, name, "save the tokenizer beside the model with "
+                                   "tokenizer.save_pretrained (a hand-edited tokenizer.json must stay valid)",
+                                   revision=revision, trust_remote_code=trust_remote_code)
     gguf_source = read_source(local) if local.is_dir() else None
     return Target(loaded, tokenizer, name_or_path=given, source=gguf_source.describe() if gguf_source else None)
 

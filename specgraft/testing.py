@@ -179,13 +179,15 @@ def recipe_writer(folder: Path, base: dict[str, dict[str, Any]]) -> Callable[...
 
 
 def write_tiny_gguf(path: str | Path, architecture: str = "llama", seed: int = 0,
-                    source_repo_url: str | None = None) -> Path:
+                    source_repo_url: str | None = None, drop_tensors: tuple[str, ...] = (),
+                    block_count: int | None = None, context_length: int = 64) -> Path:
     """Write a tiny random Llama-layout GGUF (float32 tensors, byte-level BPE tokenizer, ChatML template).
 
     A few tens of KB: what GGUF conversion and caching tests load instead of a real 100 MB file. ``architecture``
     only changes the ``general.architecture`` field (a name transformers cannot load exercises the refusal);
     ``source_repo_url`` is written as ``general.source.repo_url`` (the Hub repository it claims to come from).
-    Needs the ``gguf`` package.
+    ``drop_tensors``, ``block_count`` and ``context_length`` make files whose metadata disagrees with their
+    tensors (the conversion must refuse them). Needs the ``gguf`` package.
     """
     import gguf
     import numpy as np
@@ -202,8 +204,8 @@ def write_tiny_gguf(path: str | Path, architecture: str = "llama", seed: int = 0
     writer.add_name("specgraft tiny test model")
     if source_repo_url is not None:
         writer.add_source_repo_url(source_repo_url)
-    writer.add_block_count(layers)
-    writer.add_context_length(64)
+    writer.add_block_count(layers if block_count is None else block_count)
+    writer.add_context_length(context_length)
     writer.add_embedding_length(hidden)
     writer.add_feed_forward_length(ffn)
     writer.add_head_count(heads)
@@ -227,19 +229,23 @@ def write_tiny_gguf(path: str | Path, architecture: str = "llama", seed: int = 0
     def weight(*shape: int) -> np.ndarray:  # torch layout [out, in]; the writer stores GGUF's reversed dims
         return (rng.standard_normal(shape) * 0.2).astype(np.float32)
 
-    writer.add_tensor("token_embd.weight", weight(vocab, hidden))
-    writer.add_tensor("output_norm.weight", 1 + weight(hidden))
+    def add(name: str, tensor: np.ndarray) -> None:
+        if name not in drop_tensors:
+            writer.add_tensor(name, tensor)
+
+    add("token_embd.weight", weight(vocab, hidden))
+    add("output_norm.weight", 1 + weight(hidden))
     for i in range(layers):
         block = f"blk.{i}."
-        writer.add_tensor(block + "attn_norm.weight", 1 + weight(hidden))
-        writer.add_tensor(block + "ffn_norm.weight", 1 + weight(hidden))
-        writer.add_tensor(block + "attn_q.weight", weight(hidden, hidden))
-        writer.add_tensor(block + "attn_k.weight", weight(kv_heads * head_dim, hidden))
-        writer.add_tensor(block + "attn_v.weight", weight(kv_heads * head_dim, hidden))
-        writer.add_tensor(block + "attn_output.weight", weight(hidden, hidden))
-        writer.add_tensor(block + "ffn_gate.weight", weight(ffn, hidden))
-        writer.add_tensor(block + "ffn_up.weight", weight(ffn, hidden))
-        writer.add_tensor(block + "ffn_down.weight", weight(hidden, ffn))
+        add(block + "attn_norm.weight", 1 + weight(hidden))
+        add(block + "ffn_norm.weight", 1 + weight(hidden))
+        add(block + "attn_q.weight", weight(hidden, hidden))
+        add(block + "attn_k.weight", weight(kv_heads * head_dim, hidden))
+        add(block + "attn_v.weight", weight(kv_heads * head_dim, hidden))
+        add(block + "attn_output.weight", weight(hidden, hidden))
+        add(block + "ffn_gate.weight", weight(ffn, hidden))
+        add(block + "ffn_up.weight", weight(ffn, hidden))
+        add(block + "ffn_down.weight", weight(hidden, ffn))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -179,8 +179,14 @@ def test_non_empty_out_is_kept_unless_overwrite(tiny_gguf, tmp_path, capsys):
     (out / "keep.txt").write_text("mine")
     _refused(capsys, ["convert-gguf", str(tiny_gguf), "--out", str(out)], "not empty")
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    # --overwrite replaces an earlier conversion only: never a folder another program wrote.
+    _refused(capsys, ["convert-gguf", str(tiny_gguf), "--out", str(out), "--overwrite"], "written by another program")
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    assert cli_main(["convert-gguf", str(tiny_gguf), "--out", str(out)]) == 0
+    (out / "stale.txt").write_text("left by the earlier conversion")
     assert cli_main(["convert-gguf", str(tiny_gguf), "--out", str(out), "--overwrite"]) == 0
-    assert (out / sg_gguf.SOURCE_FILE).is_file() and not (out / "keep.txt").exists()
+    assert (out / sg_gguf.SOURCE_FILE).is_file() and not (out / "stale.txt").exists()
 
 
 def test_missing_gguf_file_names_the_fix(tmp_path):

@@ -222,8 +222,15 @@ def test_convert_refuses_non_empty_out_dir_unless_overwrite(tiny_files, tmp_path
     with pytest.raises(SpecgraftError, match="not empty.*--overwrite"):
         convert_llama2c(ckpt, tok_path, out)
     assert (out / "keep.txt").read_text() == "user data"
+    # --overwrite replaces only an earlier conversion, never a folder some other program wrote.
+    with pytest.raises(SpecgraftError, match="written by another program"):
+        convert_llama2c(ckpt, tok_path, out, overwrite=True)
+    assert (out / "keep.txt").read_text() == "user data"
+    (out / "keep.txt").unlink()
+    convert_llama2c(ckpt, tok_path, out)
+    (out / "stale.txt").write_text("left by the earlier conversion")
     convert_llama2c(ckpt, tok_path, out, overwrite=True)
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+    assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "tiny.bin", "tok.bin"]
 
 

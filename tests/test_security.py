@@ -99,7 +99,9 @@ def test_export_copies_only_images_inside_the_report_folder(medusa_head, tmp_pat
     result = export_head(medusa_head, "vllm", tmp_path / "export", report=report, base_model=HUB_ID)
     files = _tree(result.path)
     assert not any(data in (b"SECRET", b"SECRET2") for data in files.values())
-    assert set(files) == {"README.md", "config.json", "model.safetensors", "specgraft_export.json", "tau.png"}
+    assert {n for n in files if not n.startswith(".")} == {"README.md", "config.json", "model.safetensors",
+                                                          "specgraft_export.json", "tau.png",
+                                                          "specgraft_manifest.json"}
     assert json.loads(files["config.json"])["num_heads"] == 2  # the exporter's config, not the plot
     # abs, .., a file link and a folder link out of the report folder
     assert sum("outside its folder" in w for w in result.warnings) == 4, result.warnings

@@ -28,7 +28,7 @@ from typing import Any
 import datasets
 
 from specgraft.errors import SpecgraftError
-from specgraft.utils.io import atomic_path, atomic_write_json, sha256_file
+from specgraft.utils.io import atomic_path, atomic_write_json, iter_lines_limited, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -380,10 +380,18 @@ def _salvaged_array(f: Path, cache: Path) -> Path:
         raise SpecgraftError(f"{f} is a JSON array cut off before its first record ended; re-download the file")
     logger.warning("%s", info.describe(f))
     return lines
+#: The longest line (one record) a compressed data file may hold, decompressed.
+MAX_RECORD_BYTES = 64 << 20
+
+
 def _require_utf8(f: Path) -> None:
     """Data files must be UTF-8: pyarrow's JSON reader passes invalid bytes through and its text reader fails
     later with a bare UnicodeDecodeError. Checked in blocks (compressed files are checked by their reader)."""
     if f.name.lower().endswith(".gz"):
+        # Decompressed as a stream first: one record longer than this is no conversation but a file that expands
+        # to gigabytes in the JSON reader (which holds a whole line at once).
+        for _ in iter_lines_limited(f, MAX_RECORD_BYTES, what="data file"):
+            pass
         return
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0

@@ -16,6 +16,7 @@ process merges the parts into ``<out>`` atomically once all rows are done.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -34,6 +35,8 @@ from specgraft.data.generate import generate_batch, generation_config, ids_past_
 from specgraft.data.tokenize import prompt_ids, stop_token_ids, text_prompt_ids, tokenizer_key, with_system_prompt
 from specgraft.errors import SpecgraftError
 from specgraft.utils.io import atomic_path, atomic_write_json
+from specgraft.utils.models import load_tokenizer
+from specgraft.utils.outputs import file_lock, refuse_inputs
 from specgraft.utils.seeds import derive_seed
 from specgraft.utils.threads import add_threads_argument, set_torch_threads
 
@@ -108,8 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_threads_argument(parser)
 
 
-def _check_out_path(out: Path) -> None:
-    """``--out`` must be a new file, or the output of an unfinished run (its ``.parts`` folder exists)."""
+def _check_out_path(out: Path, inputs: list[Any]) -> None:
+    """``--out`` must be a new file (no input), or the output of an unfinished run (its ``.parts`` folder
+    exists)."""
+    refuse_inputs(out, inputs)
     if out.is_dir():
         raise SpecgraftError(f"--out {out} is a folder; pass the path of the JSONL file to write")
     if out.exists() and not out.with_name(out.name + ".parts").exists():
@@ -119,7 +124,6 @@ def _check_out_path(out: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``specgraft regenerate``: load the target and the data, regenerate, report throughput."""
-    from specgraft.data.readers import is_conversations, load_records, subsample
 
     set_torch_threads(args.threads)
     for name in ("batch_size", "max_new_tokens"):
@@ -127,10 +131,23 @@ def run(args: argparse.Namespace) -> int:
             raise SpecgraftError(f"--{name.replace('_', '-')} is {getattr(args, name)}; use a positive number")
     if not 0 <= args.temperature < math.inf or not 0 < args.top_p <= 1:  # `not` form: NaN fails too
         raise SpecgraftError("--temperature must be a finite number >= 0 and --top-p in (0, 1]; fix the arguments")
-    _check_out_path(Path(args.out))
+    _check_out_path(Path(args.out), [args.model, args.data])
     if args.num_samples is not None and args.num_samples < 1:
         raise SpecgraftError(f"--num-samples is {args.num_samples}; use a positive count")
     state = partial_state()
+    # One regeneration per --out at a time (two would each find the other's parts "damaged"); the processes of
+    # a multi-process launch share one output and coordinate through its parts.
+    out = Path(args.out)
+    lock = (file_lock(out, "regenerate", keep=out.with_name(out.name + ".parts")) if state.num_processes == 1
+            else contextlib.nullcontext())
+    with lock:
+        return _regenerate(args, state)
+
+
+def _regenerate(args: argparse.Namespace, state: Any) -> int:
+    from specgraft.data.readers import is_conversations, load_records, subsample
+
+    _check_out_path(Path(args.out), [args.model, args.data])  # again, under the lock
     model, tokenizer = load_model(args.model, args.dtype, state.device)
     with state.main_process_first():
         records = load_records(args.data, args.format)
@@ -180,7 +197,7 @@ def load_model(path: str, dtype: str = "auto", device: Any = None) -> tuple[Any,
         SpecgraftError: the path does not exist, or transformers cannot load it.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from specgraft.gguf import resolve_model_path
 
@@ -196,8 +213,8 @@ def load_model(path: str, dtype: str = "auto", device: Any = None) -> tuple[Any,
     else:
         torch_dtype = getattr(torch, dtype)
     name = str(local) if local.exists() else path
+    tokenizer = load_tokenizer(name, f"--model {path}", "check --model (a hand-edited tokenizer.json must stay valid)")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype)
     except (OSError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]

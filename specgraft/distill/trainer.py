@@ -358,6 +358,8 @@ class DistillTrainer(RecipeTrainer):
 
     #: The recipe schema this trainer runs (the CLI reads recipes with it).
     recipe_schema = DistillRecipe
+    #: The command whose output folders this trainer writes.
+    command = "distill"
 
     def __init__(self, recipe: DistillRecipe, resume: bool = False, target: Target | None = None, dataset: Any = None,
                  show_progress: bool = True, eval_dataset: Any = None, objective: str = OBJECTIVE_DISTILL) -> None:

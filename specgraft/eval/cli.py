@@ -30,7 +30,7 @@ from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kern
 from specgraft.eval.loading import check_device, device_and_dtype, load_draft_model  # noqa: F401 (re-exported)
 from specgraft.eval.settings import EvalSettings
 from specgraft.utils.args import int_list
-from specgraft.utils.io import folder_has_content, output_lock
+from specgraft.utils.outputs import check_output, writing_output
 from specgraft.utils.threads import add_threads_argument
 
 logger = logging.getLogger(__name__)
@@ -235,9 +235,7 @@ def run(args: argparse.Namespace) -> int:
                             top_k=args.top_k, seed=args.seed, repeats=args.repeats, warmup=args.warmup,
                             ignore_eos=args.ignore_eos)
     settings.validate()
-    if args.out.exists() and not args.out.is_dir():
-        raise SpecgraftError(f"--out {args.out} is a file; pass a folder for the report")
-    _refuse_existing_report(args)
+    check_output(args.out, "eval", overwrite=args.overwrite, inputs=_inputs(args))  # before the slow part
     prompts = load_prompts(args.prompts, domain_field=args.domain_field, prompt_field=args.prompt_field,
                            limit_per_domain=args.limit_per_domain)
     device, dtype = device_and_dtype(args)
@@ -253,8 +251,8 @@ def run(args: argparse.Namespace) -> int:
                                                *(drafter.modules() if drafter is not None else ()))
     logger.info("evaluating %s drafter (%s) on %d prompts from %d file(s)", info["type"], info["mode"], len(prompts),
                 len(args.prompts))
-    with output_lock(args.out, "an eval report"):
-        _refuse_existing_report(args)  # again: another run may have finished into it while this one loaded
+    # Checked again under the lock: another run may have finished into it while this one loaded.
+    with writing_output(args.out, "eval", overwrite=args.overwrite, inputs=_inputs(args), clear=True):
         report = run_eval(target, drafter, prompts, args.out, settings=settings, drafter_info=info,
                           progress=not args.no_progress)
     _print_summary(report)
@@ -262,10 +260,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_existing_report(args: argparse.Namespace) -> None:
-    if folder_has_content(args.out) and not args.overwrite:
-        raise SpecgraftError(f"--out {args.out} is not empty (an earlier report?); choose another folder or pass "
-                             "--overwrite to replace it")
+def _inputs(args: argparse.Namespace) -> list[Any]:
+    """The paths eval reads (an --out containing one is refused)."""
+    return [args.target, args.head, args.draft, *args.prompts]
 
 
 def _print_summary(report: dict[str, Any]) -> None:

@@ -47,9 +47,12 @@ from specgraft.eval.exact_attention import (
 )
 from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kernel
 from specgraft.eval.search import monotone
+from specgraft.eval.settings import MAX_REPEATS
 from specgraft.eval.tree import DraftTree
 from specgraft.utils.args import int_list
-from specgraft.utils.io import atomic_write_json, read_json_meta
+from specgraft.utils.io import atomic_write_json, read_json_meta, require_file
+from specgraft.utils.numbers import check_number, check_number_tree
+from specgraft.utils.outputs import writing_output
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +121,7 @@ class CostProfile:
         missing = [k for k in REQUIRED_KEYS if k not in data]
         if missing:
             raise SpecgraftError(f"{where} lacks {', '.join(missing)}; {fix}")
+        _check_fields(data, where, fix)
         try:
             step, bookkeeping = (_mode_tables(data.get(name) or {}) for name in ("step_s", "bookkeeping_s"))
             if not step.get("chain") or 1 not in step["chain"]:
@@ -141,9 +145,7 @@ class CostProfile:
     @classmethod
     def load(cls, path: str | Path) -> CostProfile:
         file = Path(path)
-        if not file.is_file():
-            raise SpecgraftError(f"no cost profile at {file}; measure one with `specgraft profile --target ... "
-                                 f"--out {file}`")
+        require_file(file, "cost profile", f"measure one with `specgraft profile --target ... --out {file}`")
         return cls.from_dict(read_json_meta(file, (), "re-run `specgraft profile`"), where=str(file))
 
     # -- queries -------------------------------------------------------------------------------------------
@@ -187,6 +189,35 @@ class CostProfile:
 def _mode(tokens: int, tree: bool) -> str:
     """The table a step of ``tokens`` tokens is read from: a root and one node are a chain, tree or not."""
     return "tree" if tree and tokens > 2 else "chain"
+
+
+#: The time tables of a profile's drafter section (seconds, each > 0).
+DRAFTER_TABLES = ("per_call_s", "chain_s", "tree_s", "catchup_s")
+
+
+def _check_fields(data: dict[str, Any], where: str, fix: str) -> None:
+    """The profile's schema: sections of the right JSON type, every time a finite number (> 0 for whole steps and
+    forwards, >= 0 for their parts), counts >= 1."""
+    for name in ("step_s", "bookkeeping_s", "forward_s", "drafters", "target"):
+        if data.get(name) is not None and not isinstance(data[name], dict):
+            raise SpecgraftError(f"{where}: {name} is {type(data[name]).__name__}, not an object; {fix}")
+    for name in ("step_s", "bookkeeping_s"):
+        for mode, table in (data.get(name) or {}).items():
+            if not isinstance(table, dict):
+                raise SpecgraftError(f"{where}: {name}.{mode} is {type(table).__name__}, not an object; {fix}")
+    # A step or forward takes time (every speed divides by it); the parts of one (bookkeeping, a draft call that
+    # rounds to nothing) may be 0.
+    for name in ("step_s", "forward_s"):
+        check_number_tree(data.get(name) or {}, f"{where}: {name}", fix, low_open=True)
+    check_number_tree(data.get("bookkeeping_s") or {}, f"{where}: bookkeeping_s", fix)
+    for label, section in (data.get("drafters") or {}).items():
+        if not isinstance(section, dict):
+            raise SpecgraftError(f"{where}: drafters.{label} is {type(section).__name__}, not an object; {fix}")
+        for table in DRAFTER_TABLES:
+            if section.get(table) is not None:
+                check_number_tree(section[table], f"{where}: drafters.{label}.{table}", fix)
+    for name in ("kv_length", "threads"):
+        check_number(data.get(name), f"{where}: {name}", fix, low=1)
 
 
 def _mode_tables(raw: dict[str, Any]) -> dict[str, dict[int, float]]:
@@ -550,6 +581,15 @@ def measure_draft_model(draft: Any, model: Any, kv_length: int, calls: int, ref:
     return {"kind": "draft_model", "chain_s": chain, "catchup_s": catchup}
 
 
+def check_measure_args(kv_length: int | None, repeats: int = DEFAULT_REPEATS) -> None:
+    """Refuse a KV length below 2 or a repeat count outside [1, MAX_REPEATS] (checked before anything loads)."""
+    if kv_length is not None and kv_length < 2:
+        raise SpecgraftError(f"--kv-length must be at least 2, got {kv_length}; pass your typical prompt + answer "
+                             "length")
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise SpecgraftError(f"--repeats must be in [1, {MAX_REPEATS}], got {repeats}")
+
+
 def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_length: int = DEFAULT_KV_LENGTH,
                     token_counts: Sequence[int] = DEFAULT_TOKEN_COUNTS, repeats: int = DEFAULT_REPEATS,
                     heads: Sequence[tuple[str, Any, str]] = (), drafts: Sequence[tuple[str, Any]] = (),
@@ -564,10 +604,7 @@ def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_le
         raise SpecgraftError(f"--token-counts must be positive integers, got {list(token_counts)}")
     if 1 not in counts:
         counts = [1] + counts
-    if kv_length < 2:
-        raise SpecgraftError(f"--kv-length must be at least 2, got {kv_length}")
-    if repeats < 1:
-        raise SpecgraftError(f"--repeats must be at least 1, got {repeats}")
+    check_measure_args(kv_length, repeats)
     model = target.model
     check_fits(model, kv_length, max(counts), extra=max(counts) + LONG_STEPS)
     logger.info("measuring decoder steps for %s tokens at KV length %d", counts, kv_length)
@@ -577,7 +614,7 @@ def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_le
     step, bookkeeping = measure_steps(model, kv_length, counts, repeats, ref)
     forward = measure_forwards(model, kv_length, counts, repeats)
     drafters: dict[str, dict[str, Any]] = {}
-    tables = ("per_call_s", "chain_s", "tree_s", "catchup_s")
+    tables = DRAFTER_TABLES
     for label, head, head_type in heads:
         logger.info("measuring the %s drafter", label)
         drafters[label] = {**measure_head(head, head_type, model, kv_length, draft_calls, ref), "path": label}
@@ -619,15 +656,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Measure and write the profile."""
+    """Measure and write the profile (locked, into a new file or over an earlier profile only)."""
+    inputs = [args.target, *args.head, *args.draft]
+    with writing_output(args.out, "profile", overwrite=args.overwrite, inputs=inputs, file=True):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     import torch
 
     from specgraft.eval.loading import device_and_dtype, load_draft_model
     from specgraft.heads.base import load_head_for_decoding, read_head_config
     from specgraft.target import load_target
 
-    if args.out.exists() and not args.overwrite:
-        raise SpecgraftError(f"{args.out} exists; pass --overwrite to replace it or choose another --out")
+    check_measure_args(args.kv_length, args.repeats)
     for head_dir in args.head:
         read_head_config(head_dir)  # cheap check before loading the target
     device, dtype = device_and_dtype(args)

@@ -23,7 +23,6 @@ and answers concatenated) tokenized with the tokenizer's own special tokens (e.g
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError
+from specgraft.utils.io import iter_lines_limited, require_file
 
 logger = logging.getLogger(__name__)
 
@@ -80,11 +80,18 @@ def file_label(path: str | os.PathLike) -> str:
     return name
 
 
+#: Limits of a prompt file, decompressed (benchmarks' prompt files are well under a MiB): checked while reading,
+#: so a small .gz that expands to gigabytes is refused before it is held in memory.
+MAX_PROMPT_LINE_BYTES = 8 << 20
+MAX_PROMPT_FILE_BYTES = 64 << 20
+#: Prompts one file may hold (benchmarks hold hundreds to a few thousand; each is kept as a parsed record).
+MAX_PROMPT_RECORDS = 100_000
+
+
 def _open_text(path: Path) -> Iterator[str]:
-    opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8") as fh:
-            yield from fh
+        for line in iter_lines_limited(path, MAX_PROMPT_LINE_BYTES, MAX_PROMPT_FILE_BYTES, "prompt file"):
+            yield line.decode("utf-8")
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise SpecgraftError(f"cannot read prompt file {path} ({type(exc).__name__}: {exc}); pass a UTF-8 JSONL "
                              "file (optionally .gz)") from None
@@ -93,8 +100,7 @@ def _open_text(path: Path) -> Iterator[str]:
 def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
     """``(line number, record)`` for every non-blank line of a JSONL file (``.gz`` allowed)."""
     path = Path(path)
-    if not path.is_file():
-        raise SpecgraftError(f"prompt file {path} does not exist; pass a JSONL file of prompts")
+    require_file(path, "prompt file", "pass a JSONL file of prompts")
     records = []
     for lineno, line in enumerate(_open_text(path), start=1):
         if not line.strip():
@@ -108,6 +114,9 @@ def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
             raise SpecgraftError(f"{path} line {lineno} is a JSON {type(record).__name__}, not an object; each "
                                  "line must be one prompt object")
         records.append((lineno, record))
+        if len(records) > MAX_PROMPT_RECORDS:
+            raise SpecgraftError(f"{path} holds more than {MAX_PROMPT_RECORDS:,} prompts; pass a smaller file (or "
+                                 "a sample of it)")
     return records
 
 

@@ -9,6 +9,10 @@ from typing import Any
 
 from specgraft.errors import SpecgraftError
 
+#: The most timing repeats (and warm-up runs) a measurement takes: the median is stable long before, and an
+#: unbounded count only makes a run that never ends.
+MAX_REPEATS = 1000
+
 
 @dataclass
 class EvalSettings:
@@ -43,6 +47,10 @@ class EvalSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or int(value) != value or value < low:
                 raise SpecgraftError(f"{name} must be an integer >= {low}, got {value!r}")
+        for name in ("repeats", "warmup"):
+            if getattr(self, name) > MAX_REPEATS:
+                raise SpecgraftError(f"{name} must be at most {MAX_REPEATS}, got {getattr(self, name)} (each repeat "
+                                     "decodes every prompt again)")
 
     @property
     def greedy(self) -> bool:

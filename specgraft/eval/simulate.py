@@ -43,6 +43,7 @@ from specgraft.errors import SpecgraftError
 from specgraft.eval import metrics
 from specgraft.eval.acceptance import reach_rates
 from specgraft.utils.args import float_list
+from specgraft.utils.numbers import is_number
 
 MODES = ("chain", "tree")
 
@@ -226,32 +227,20 @@ def predict(
 def read_report_profile(path: str | Path, domain: str | None = None) -> dict[str, Any]:
     """The measured numbers of an eval report: ``profile``, ``alpha``, ``mode``, ``depth``, ``draft_cost``,
     ``verify_cost``, ``tau``, ``speedup`` (of ``overall``, or of ``domain``)."""
-    path = Path(path)
-    file = path / "report.json" if path.is_dir() else path
-    if not file.is_file():
-        raise SpecgraftError(f"no eval report at {file}; pass the report.json that `specgraft eval` wrote")
-    try:
-        report = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecgraftError(f"{file} is not valid JSON ({exc}); re-run `specgraft eval`") from None
-    if not isinstance(report, dict) or "overall" not in report:
-        raise SpecgraftError(f"{file} is not a `specgraft eval` report (no 'overall'); pass a report.json")
+    from specgraft.eval.report_reader import read_report
+
+    report, file = read_report(path)  # sections typed, numbers finite and >= 0, rates <= 1
     if domain is None:
         values = report["overall"]
     else:
         known = report.get("domains") or {}
         if domain not in known:
             raise SpecgraftError(f"domain {domain!r} is not in {file} (domains: {', '.join(known) or 'none'})")
-        values = known[domain]
-    raw = values.get("acceptance_by_depth") if isinstance(values, dict) else None
+        values = known[domain] or {}
+    raw = values.get("acceptance_by_depth")
     drafter = report.get("drafter") or {}
-    if not isinstance(values, dict) or not isinstance(raw or [], list) or not isinstance(drafter, dict) \
-            or any(r is not None and (isinstance(r, bool) or not isinstance(r, (int, float))) for r in raw or []):
-        raise SpecgraftError(f"{file} is not a `specgraft eval` report (its fields have the wrong types); pass the "
-                             "report.json that `specgraft eval` wrote")
     for key in ("alpha_exact", "draft_cost_per_step", "verify_cost_per_step", "tau", "speedup_ratio_of_totals"):
-        if values.get(key) is not None and (isinstance(values[key], bool)
-                                            or not isinstance(values[key], (int, float))):
+        if values.get(key) is not None and not is_number(values[key]):
             raise SpecgraftError(f"{file}: {key} is {values[key]!r}, not a number; pass the report.json that "
                                  "`specgraft eval` wrote")
     profile: list[float] = []

@@ -33,8 +33,11 @@ from specgraft.eval.acceptance import reach_rates
 from specgraft.eval.cost import CostProfile, check_fits, check_profile
 from specgraft.eval.exact_attention import add_attention_kernel_argument, apply_attention_kernel, attention_kernel_of
 from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kernel
+from specgraft.eval.report_reader import check_report_for_head, read_report
 from specgraft.eval.search import MAX_TREE_TOKENS, section_table
-from specgraft.utils.io import atomic_write_json, read_json_meta
+from specgraft.utils.io import atomic_write_json, output_lock, read_json_meta
+from specgraft.utils.numbers import check_number_tree
+from specgraft.utils.outputs import writing_output
 
 logger = logging.getLogger(__name__)
 
@@ -269,14 +272,6 @@ def calibration_numbers(report: dict[str, Any], where: str) -> dict[str, Any]:
             "speedup": overall.get("speedup_ratio_of_totals"), "tau": overall.get("tau")}
 
 
-def read_report(path: str | Path) -> tuple[dict[str, Any], Path]:
-    path = Path(path)
-    file = path / "report.json" if path.is_dir() else path
-    if not file.is_file():
-        raise SpecgraftError(f"no calibration report at {file}; pass the report.json of a `specgraft eval` run")
-    return read_json_meta(file, ("overall",), "pass a report.json written by `specgraft eval`"), file
-
-
 def candidates_for(kind: str, profile: CostProfile, drafter_costs: dict[str, Any], calibration: dict[str, Any],
                    prior: Sequence[Sequence[float]] | None = None) -> list[Candidate]:
     """Every predicted candidate of a drafter kind, best first, each charged the calibration's
@@ -341,7 +336,21 @@ def read_tuned(folder: str | Path) -> dict[str, Any] | None:
     file = Path(folder) / TUNED_NAME
     if not file.is_file():
         return None
-    return read_json_meta(file, ("kind", "setting", "device"), f"re-run `specgraft tune` for {folder}")
+    fix = f"re-run `specgraft tune --overwrite` for {folder}"
+    record = read_json_meta(file, ("kind", "setting", "device"), fix)  # NaN/Infinity literals refused
+    # The schema, checked here: the setting drives eval and the exported engine configs, the rest the card.
+    if not isinstance(record["kind"], str):
+        raise SpecgraftError(f"{file}: kind is {record['kind']!r}, not a name; {fix}")
+    for key in ("setting", "device"):
+        if not isinstance(record[key], dict):
+            raise SpecgraftError(f"{file}: {key} is {type(record[key]).__name__}, not an object; {fix}")
+    for key, value in record["setting"].items():
+        if not isinstance(value, str):
+            check_number_tree(value, f"{file}: setting.{key}", fix, high=MAX_TREE_TOKENS)
+    for key in ("predicted", "measured", "default", "candidates"):
+        if record.get(key) is not None and not isinstance(record[key], (dict, list)):
+            raise SpecgraftError(f"{file}: {key} is {type(record[key]).__name__}, not an object; {fix}")
+    return record
 
 
 @dataclass
@@ -693,24 +702,41 @@ def default_kv_length(prompt_lengths: Sequence[int], max_new_tokens: int) -> int
 
 def run(args: argparse.Namespace) -> int:
     """Tune one drafter; write tuned.json and print predicted vs measured."""
-    from specgraft.eval.cost import measure_profile
-    from specgraft.eval.loading import device_and_dtype, load_draft_model
-    from specgraft.eval.prompts import load_prompts, render_turn
-    from specgraft.eval.report import EvalSettings
-    from specgraft.target import load_target
-
     if not args.prompts:
         raise SpecgraftError("tuning needs calibration prompts; pass --prompts FILE (the prompts you will serve)")
     check_min_speedup(args.min_speedup)  # before anything is loaded
     source_dir = args.head if args.head is not None else args.draft
     tuned_file = source_dir / TUNED_NAME
-    if tuned_file.exists() and not args.overwrite:
-        raise SpecgraftError(f"{tuned_file} exists; pass --overwrite to re-tune")
+    inputs = [args.target, *args.prompts, args.cost_profile, args.calibration]
+    # One tune per folder at a time (two would mix their calibration/confirming reports), and tuned.json is
+    # replaced only when an earlier tune wrote it.
+    with output_lock(args.out or source_dir / "tune", "`specgraft tune`"), \
+            writing_output(tuned_file, "tune", overwrite=args.overwrite, inputs=inputs, file=True,
+                           flag="tuned.json"):
+        return _run(args, source_dir, tuned_file)
+
+
+def _run(args: argparse.Namespace, source_dir: Path, tuned_file: Path) -> int:
+    from specgraft.eval.cost import check_measure_args, measure_profile
+    from specgraft.eval.loading import device_and_dtype, load_draft_model
+    from specgraft.eval.prompts import load_prompts, render_turn
+    from specgraft.eval.report import EvalSettings
+    from specgraft.target import load_target
+
+    check_measure_args(args.kv_length)
     profile = CostProfile.load(args.cost_profile) if args.cost_profile is not None else None
     calibration = None
     if args.calibration is not None:
-        report, file = read_report(args.calibration)
+        report, file = read_report(args.calibration, "pass the report.json of a `specgraft eval` run of this drafter")
         calibration_numbers(report, str(file))  # fail fast on missing fields
+        if args.head is not None:
+            from specgraft.heads.base import read_head_config
+
+            measured_type = read_head_config(args.head)["head_type"]
+        else:
+            measured_type = "draft_model"
+        for message in check_report_for_head(report, file, measured_type, source_dir):
+            logger.warning("%s", message)
         calibration = (report, str(file))
     settings = EvalSettings(max_new_tokens=args.max_new_tokens)
     settings.validate()
@@ -741,7 +767,8 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         lengths = [len(render_turn(target.tokenizer, p.turns, [])[1]) for p in prompts]
-        kv_length = args.kv_length or default_kv_length(lengths, args.max_new_tokens)
+        kv_length = args.kv_length if args.kv_length is not None else default_kv_length(lengths,
+                                                                                        args.max_new_tokens)
         check_fits(target.model, kv_length, MAX_TREE_TOKENS)
         profile = measure_profile(target, device=device, dtype=dtype, threads=torch.get_num_threads(),
                                   kv_length=kv_length, heads=heads, drafts=drafts, linear_kernel=kernel)

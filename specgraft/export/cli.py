@@ -18,16 +18,18 @@ import sys
 
 from specgraft.export.convert import DEFAULT_SPECULATIVE_TOKENS
 from specgraft.export.exporter import DTYPE_NAMES, export_head
-from specgraft.export.layouts import FORMATS
+from specgraft.export.layouts import FORMATS, supported_formats
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specgraft export``."""
     parser.add_argument("head_dir", metavar="HEAD_DIR", help="A head folder written by `specgraft train`.")
+    # The formats per family come from the registry (each family's registered exporters), never a copy of it.
+    per_family = "; ".join(f"{name}: {', '.join(f for f in formats if f != 'native')}"
+                           for name, formats in supported_formats().items())
     parser.add_argument("--format", required=True, choices=FORMATS,
                         help="Target layout; a format that cannot hold the head's family is refused, naming the "
-                             "formats that can (medusa: vllm, trtllm; eagle: vllm, sglang; eagle3: vllm, sglang, "
-                             "trtllm, llamacpp; dflash: vllm, sglang; native holds every family).")
+                             f"formats that can ({per_family}; native holds every family).")
     parser.add_argument("--out", required=True, metavar="DIR", help="Output folder (created; must be empty).")
     parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty output folder.")
     parser.add_argument("--target", metavar="PATH",

@@ -26,6 +26,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from specgraft.errors import SpecgraftError
+from specgraft.eval.report_reader import check_report_for_head, read_report, report_problem, same_path
+from specgraft.eval.search import MAX_TREE_TOKENS
 from specgraft.eval.tune import TUNED_NAME, is_plain, read_tuned
 from specgraft.export.card import HUB_REPO_ID, is_hub_id, render_model_card
 from specgraft.export.convert import (
@@ -54,6 +56,7 @@ from specgraft.heads.base import (
 from specgraft.target import Target, TargetIdentity
 from specgraft.utils.io import atomic_path, read_json_meta
 from specgraft.utils.models import DTYPES
+from specgraft.utils.outputs import check_output, files_inside, write_manifest, writing_output
 
 logger = logging.getLogger(__name__)
 
@@ -150,17 +153,6 @@ def export_path(out: str | Path, head_type: str, fmt: str, keep_name: bool = Fal
     return out, vllm_name_warnings(str(out.resolve()), head_type)
 
 
-def _check_destination(out: Path, head_dir: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise SpecgraftError(f"{out} exists and is a file; pass a folder path to --out")
-    src, dst = head_dir.resolve(), out.resolve()
-    if dst == src or dst in src.parents:
-        raise SpecgraftError(f"--out {out} would replace the head folder {head_dir} itself; choose another folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise SpecgraftError(f"output folder {out} exists and is not empty; choose another folder or pass --overwrite "
-                             "to replace it")
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Reading the head
 
@@ -174,8 +166,10 @@ def read_head_state(head_dir: Path, meta: dict[str, Any], info: TargetInfo) -> d
         rebuild_head(info.skeleton, meta["head_type"], meta["config"], state, str(weights), load=False)
     except HeadWeightsMismatch as exc:
         if exc.missing:
-            raise SpecgraftError(f"head checkpoint {weights} is missing tensors {exc.missing[:6]}; it is incomplete "
-                                 "or truncated, re-save the head (or re-run training)") from None
+            # Either file can be the wrong one: weights cut short, or a head_config.json edited to ask for more.
+            raise SpecgraftError(f"{weights} and {head_dir / HEAD_CONFIG_NAME} disagree: the config asks for missing "
+                                 f"tensors {exc.missing[:6]}; if {HEAD_CONFIG_NAME} was edited, restore it, else the "
+                                 "checkpoint is incomplete: re-save the head (or re-run training)") from None
         if exc.unexpected:
             raise SpecgraftError(f"head checkpoint {weights} has unexpected tensors {exc.unexpected[:6]} for a "
                                  f"{meta['head_type']} head of this config; its {HEAD_CONFIG_NAME} was edited or "
@@ -205,20 +199,9 @@ def _load_recipe_dict(head_dir: Path) -> dict[str, Any] | None:
 
 
 def load_report(path: str | Path) -> tuple[dict[str, Any], Path]:
-    """An eval report (``report.json``, or a folder holding one) and the folder its plots are relative to."""
-    path = Path(path)
-    file = path / REPORT_NAME if path.is_dir() else path
-    if not file.is_file():
-        raise SpecgraftError(f"no eval report at {file}; pass the folder `specgraft eval` wrote (with {REPORT_NAME})")
-    try:
-        report = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecgraftError(f"{file} is not valid JSON ({exc}); re-run the evaluation") from None
-    if not isinstance(report, dict):
-        raise SpecgraftError(f"{file} is not an eval report (a JSON object); re-run the evaluation")
-    problem = _report_problem(report)
-    if problem is not None:
-        raise SpecgraftError(f"{file} is not a `specgraft eval` report ({problem}); re-run the evaluation")
+    """An eval report (``report.json``, or a folder holding one), checked
+    (:func:`~specgraft.eval.report_reader.read_report`), and the folder its plots are relative to."""
+    report, file = read_report(path, "pass a report `specgraft eval` wrote, or re-run the evaluation", required=())
     return report, file.parent
 
 
@@ -239,47 +222,10 @@ def find_latest_report(head_dir: Path) -> Path | None:
         drafter_path = drafter.get("path") if isinstance(drafter, dict) else None
         # Only a report of THIS head: self/random/draft-model runs (path null or another folder) measured
         # another drafter, and their numbers would be published as this head's.
-        if isinstance(drafter_path, str) and _same_path(drafter_path, head_dir, path.parent) \
-                and _report_problem(report) is None:
+        if isinstance(drafter_path, str) and same_path(drafter_path, head_dir, path.parent) \
+                and report_problem(report) is None:
             matching.append(path)
     return max(matching, key=lambda p: p.stat().st_mtime) if matching else None
-
-
-#: Report fields the card and export read, and the JSON type each must have when present.
-_REPORT_FIELD_TYPES: dict[str, type] = {"drafter": dict, "overall": dict, "domains": dict, "plots": dict,
-                                        "settings": dict}
-
-
-def _report_problem(report: dict[str, Any]) -> str | None:
-    """What makes ``report`` unusable for a card (a field of the wrong JSON type), or None."""
-    for key, kind in _REPORT_FIELD_TYPES.items():
-        value = report.get(key)
-        if value is not None and not isinstance(value, kind):
-            return f"its {key!r} is {type(value).__name__}, expected a JSON object"
-    for name, values in (report.get("domains") or {}).items():
-        if values is not None and not isinstance(values, dict):
-            return f"its domain {name!r} is {type(values).__name__}, expected a JSON object"
-    return None
-
-
-def check_report_for_head(report: dict[str, Any], file: Path, head_type: str, head_dir: Path) -> list[str]:
-    """Refuse a report that measured another kind of drafter; warnings when it names another folder."""
-    drafter = report.get("drafter") or {}
-    measured = drafter.get("type")
-    if measured != head_type:
-        raise SpecgraftError(f"{file} measured the {measured or 'unknown'} drafter, not this {head_type} head; pass "
-                             f"a report of `specgraft eval --head {head_dir}` (or none)")
-    recorded = drafter.get("path")
-    if not isinstance(recorded, str) or not _same_path(recorded, head_dir, file.parent):
-        return [f"{file} was measured on the head at {recorded}, not {head_dir}; the card shows its numbers as this "
-                "head's, so make sure it is the same head"]
-    return []
-
-
-def _same_path(recorded: str, head_dir: Path, base: Path) -> bool:
-    candidate = Path(recorded)
-    candidates = [candidate] if candidate.is_absolute() else [candidate, base / candidate]
-    return any(c.exists() and c.resolve() == head_dir.resolve() for c in candidates)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -328,6 +274,8 @@ def export_head(
             raise SpecgraftError(f"{head_dir} is a distilled draft model (a plain transformers model): vLLM and SGLang "
                                  "load the folder itself as a draft model, so only --format llamacpp converts it")
         return _export_draft_model(head_dir, Path(out), overwrite, target_gguf, speculative_tokens)
+    # What the export reads from the head folder: never through a link that leads out of it.
+    head_files = files_inside(head_dir, NATIVE_FILES, "export")
     meta = read_head_config(head_dir)
     head_type = meta["head_type"]
     require_supported(head_type, fmt)
@@ -337,11 +285,17 @@ def export_head(
     engines = tuned_engine_settings(tuned) if tuned is not None else {}
     if speculative_tokens is None:
         speculative_tokens = (engines.get("vllm", {}).get("num_speculative_tokens", DEFAULT_SPECULATIVE_TOKENS))
-    if speculative_tokens < 1:
-        raise SpecgraftError(f"speculative tokens must be at least 1, got {speculative_tokens}")
+    if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) \
+            or not 1 <= speculative_tokens <= MAX_TREE_TOKENS:
+        raise SpecgraftError(f"speculative tokens must be an integer in [1, {MAX_TREE_TOKENS}] (the longest draft "
+                             f"specgraft verifies), got {speculative_tokens!r}")
+    if repo_id is not None and (not HUB_REPO_ID.match(repo_id) or ".." in repo_id):
+        raise SpecgraftError(f"--repo-id {repo_id!r} is not a Hub repo id of the form ORG/NAME; e.g. "
+                             "my-org/llama-eagle3")
     base = base_model or recorded_base_model(meta["target"]["name_or_path"])
     final, warnings = export_path(out, head_type, fmt, keep_name)
-    _check_destination(final, head_dir, overwrite)
+    inputs = [head_dir, report, target if not isinstance(target, Target) else None]
+    check_output(final, "export", overwrite=overwrite, inputs=inputs)
     info = resolve_target(meta, target)
     state = read_head_state(head_dir, meta, info)
     if base_model is not None:
@@ -371,10 +325,10 @@ def export_head(
     recipe = _load_recipe_dict(head_dir)
 
     files: list[str] = []
-    with atomic_path(final) as tmp:
+    with writing_output(final, "export", overwrite=overwrite, inputs=inputs), atomic_path(final) as tmp:
         tmp.mkdir(parents=True)
         if fmt == "native":
-            files += _write_native(head_dir, tmp)
+            files += _write_native(head_dir, head_files, tmp)
         else:
             ckpt = to_engine(head_type, fmt, state, meta, info, base_model=base,
                              dtype=DTYPE_NAMES[dtype] if dtype else None, speculative_tokens=speculative_tokens)
@@ -419,6 +373,7 @@ def export_head(
         files.append(EXPORT_META_NAME)
         (tmp / CARD_NAME).write_text(card_from_export_meta(export_meta, repo_id, local_path=final), encoding="utf-8")
         files.append(CARD_NAME)
+        write_manifest(tmp, files, "export")  # what `push` uploads, and nothing else
     for message in warnings:
         logger.warning("%s", message)
     return ExportResult(final, fmt, head_type, sorted(files), warnings, notes)
@@ -439,7 +394,8 @@ def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: s
     from specgraft.export.llamacpp import DRAFT_FILE, check_gguf_tokens, read_target_gguf, write_draft_model_gguf
 
     meta = read_draft_meta(folder)
-    _check_destination(out, folder, overwrite)
+    inputs = [folder, target_gguf]
+    check_output(out, "export", overwrite=overwrite, inputs=inputs)
     recorded = TargetIdentity.from_dict(meta["target"])
     target = read_target_gguf(_target_gguf_path(target_gguf, recorded.name_or_path))
     wrong = [f"{what} {found} (the draft's target has {want})" for what, found, want in (
@@ -462,13 +418,14 @@ def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: s
         f"`{target.path.name}`, so llama.cpp accepts it as that target's draft.", "",
         "```bash", f"llama-server -m {target.path.name} -md {out}/{DRAFT_FILE} --spec-type draft-simple \\",
         f"  --spec-draft-n-max {n} --spec-draft-p-min 0", "```", ""])
-    with atomic_path(out) as tmp:
+    files = [DRAFT_FILE, EXPORT_META_NAME, CARD_NAME]
+    with writing_output(out, "export", overwrite=overwrite, inputs=inputs), atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         write_draft_model_gguf(model, target, tmp / DRAFT_FILE, f"{recorded.name_or_path} draft")
         (tmp / EXPORT_META_NAME).write_text(json.dumps(export_meta, indent=2, default=str) + "\n", encoding="utf-8")
         (tmp / CARD_NAME).write_text(card, encoding="utf-8")
-    return ExportResult(out, "llamacpp", "draft_model", sorted([DRAFT_FILE, EXPORT_META_NAME, CARD_NAME]),
-                        notes=notes)
+        write_manifest(tmp, files, "export")  # what `push` uploads, and nothing else
+    return ExportResult(out, "llamacpp", "draft_model", sorted(files), notes=notes)
 
 
 def _target_gguf_path(target_gguf: str | Path | None, recorded: str) -> str | Path:
@@ -552,17 +509,17 @@ def card_from_export_meta(export_meta: dict[str, Any], repo_id: str | None, loca
                              repo_id)
 
 
-def _write_native(head_dir: Path, tmp: Path) -> list[str]:
-    files = []
-    for name in (HEAD_WEIGHTS_NAME, HEAD_CONFIG_NAME, RECIPE_NAME, TUNED_NAME):
-        if (head_dir / name).is_file():
-            shutil.copy2(head_dir / name, tmp / name)
-            files.append(name)
-    if (head_dir / ADAPTER_DIR).is_dir():
-        shutil.copytree(head_dir / ADAPTER_DIR, tmp / ADAPTER_DIR)
-        files += [f"{ADAPTER_DIR}/{p.relative_to(tmp / ADAPTER_DIR)}" for p in sorted((tmp / ADAPTER_DIR).rglob("*"))
-                  if p.is_file()]
-    return files
+#: What a native export copies from the head folder (``adapter/``: Medusa-2's LoRA adapter, every file under it).
+NATIVE_FILES = (HEAD_WEIGHTS_NAME, HEAD_CONFIG_NAME, RECIPE_NAME, TUNED_NAME, ADAPTER_DIR)
+
+
+def _write_native(head_dir: Path, head_files: list[str], tmp: Path) -> list[str]:
+    """Copy ``head_files`` (:func:`~specgraft.utils.outputs.files_inside` checked that none leads out of the head
+    folder) byte for byte; returns their names."""
+    for name in head_files:
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(head_dir / name, tmp / name)
+    return [Path(name).as_posix() for name in head_files]
 
 
 def _verify_written(path: Path, tensors: dict[str, torch.Tensor]) -> None:

@@ -7,7 +7,9 @@ folder was written by ``specgraft export``, and uploads the folder in one commit
 network). A repo that already has files is refused unless ``--overwrite``, which then makes the repo mirror the
 folder (stale weight files would otherwise be loaded by engines).
 
-Only regular files inside the folder are uploaded (symlinks are skipped, never followed). The regenerated card is
+Only the files the export's ``specgraft_manifest.json`` lists are uploaded, each checked to be a regular file
+inside the folder (no symlink on the way) with the size and sha256 the export recorded; a folder without a
+manifest (a head folder, ``/etc``) is refused. The regenerated card is
 uploaded from memory and written into the folder only after the upload succeeded. An export whose target is
 recorded as a local path is refused unless ``--base-model ORG/NAME`` gives its Hub id, which is then written into
 the uploaded card, ``config.json`` (verifier / base model) and ``specgraft_export.json``.
@@ -39,13 +41,12 @@ from specgraft.export.exporter import (
     vllm_name_warnings,
 )
 from specgraft.utils.io import atomic_write_text
+from specgraft.utils.outputs import MANIFEST_NAME, read_manifest, update_manifest
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TOKEN_ENV = "HF_TOKEN"
 _REPO_ID = HUB_REPO_ID
-#: Files never uploaded: temporaries of atomic writes, caches, VCS metadata.
-_SKIP_PARTS = ("__pycache__", ".git", ".cache")
 #: Files a fresh Hub repo already holds.
 _HUB_DEFAULT_FILES = (".gitattributes",)
 
@@ -90,30 +91,22 @@ def plan_push(folder: str | Path, repo_id: str, base_model: str | None = None) -
     folder = Path(folder)
     if not folder.is_dir():
         raise SpecgraftError(f"{folder} is not a folder; pass the output folder of `specgraft export`")
-    if not _REPO_ID.match(repo_id):
+    if not _REPO_ID.match(repo_id) or ".." in repo_id:
         raise SpecgraftError(f"repo id {repo_id!r} is not of the form ORG/NAME; e.g. --repo-id my-org/llama-eagle3")
     if base_model is not None:
         require_hub_base_model(base_model)
-    files, skipped = [], []
-    inside = folder.resolve()
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder)
-        if any(part.startswith(".") or part in _SKIP_PARTS for part in rel.parts):
-            continue
-        # A symlink (or a file under a symlinked folder) may point anywhere: never follow it into an upload.
-        if any((folder / Path(*rel.parts[:i + 1])).is_symlink() for i in range(len(rel.parts))) \
-                or inside not in path.resolve().parents:
-            if path.is_symlink():
-                skipped.append(rel.as_posix())
-            continue
-        if path.is_file():
-            files.append((rel.as_posix(), path.stat().st_size))
+    # Exactly what the export wrote (each checked: inside the folder, no link, unchanged since), nothing else.
+    listed = read_manifest(folder)
+    files = [(name, (folder / name).stat().st_size) for name in sorted(listed)]
+    skipped = sorted(p.relative_to(folder).as_posix() for p in folder.iterdir()
+                     if not p.name.startswith(".") and p.name != MANIFEST_NAME and p.name not in listed
+                     and not any(name.startswith(p.name + "/") for name in listed))
     if not files:
         raise SpecgraftError(f"{folder} holds no files to upload; export a head into it first")
     plan = PushPlan(folder, repo_id, files)
     if skipped:
-        plan.warnings.append(f"skipped symlink(s) {', '.join(skipped[:5])}: push uploads only regular files inside "
-                             "the folder")
+        plan.warnings.append(f"skipped {', '.join(skipped[:5])}: not written by `specgraft export` (push uploads only "
+                             f"the files {MANIFEST_NAME} lists)")
     if (folder / EXPORT_META_NAME).is_file():
         meta = read_export_meta(folder)
         base = base_model or str(meta.get("base_model") or "")
@@ -226,6 +219,7 @@ def push_folder(
     # Only now that the repo has them: the folder keeps mirroring what was published.
     for name, text in plan.contents.items():
         atomic_write_text(plan.folder / name, text)
+    update_manifest(plan.folder, plan.contents)
     return plan, info
 
 

@@ -8,12 +8,14 @@ DeepSpeed users run directly).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 
 from specgraft.errors import SpecgraftError
+from specgraft.utils.io import output_lock
 from specgraft.utils.threads import add_threads_argument, set_torch_threads
 
 
@@ -48,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
     return run_job(args, HeadTrainer, "specgraft.train", done)
 
 
+#: Set for the processes :func:`_launch` starts: they run under the launcher's output-folder lock.
+LAUNCHED_ENV = "SPECGRAFT_LAUNCHED"
+
+
 def run_job(args: argparse.Namespace, trainer_cls: type, module: str, describe) -> int:
     """Dry-run, hand off to a multi-process launcher, or train in this process; prints ``describe(...)``."""
     from specgraft.config import load_recipe
@@ -61,18 +67,27 @@ def run_job(args: argparse.Namespace, trainer_cls: type, module: str, describe) 
         from specgraft.train.dry_run import dry_run_recipe
 
         summary = dry_run_recipe(recipe, trainer_cls)
-        print(f"dry run ok: {args.recipe} on a tiny random {summary['model_type']} "
+        # "ok" only when nothing known will fail: a missing data file (recipes are dry-run before the data is
+        # downloaded, so it is no error here) makes it a partial pass, said as such.
+        verdict = "dry run passed except for the data" if summary.get("data_problem") else "dry run ok"
+        print(f"{verdict}: {args.recipe} on a tiny random {summary['model_type']} "
               f"({summary['stand_in_layers']} layers): {summary['trainable_parameters']:,} trainable parameters, "
               f"{summary['optimizer_groups']} optimizer group(s), {summary['steps']} step")
         if summary.get("data_problem"):
             print(f"WARNING: the real run will fail here: {summary['data_problem']}", file=sys.stderr)
         return 0
     if args.num_processes or args.accelerate_config:
-        return _launch(args, module)
+        return _launch(args, module, recipe.output.dir)
     trainer = trainer_cls(recipe, resume=args.resume, show_progress=not args.no_progress)
+    # One run per output folder: a second run into it fails at once instead of both "succeeding" with one lost.
+    # A process started by a launcher runs under the lock its launcher (see _launch) holds.
+    launched = LAUNCHED_ENV in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    lock = contextlib.nullcontext() if launched else output_lock(recipe.output.dir, f"`specgraft {trainer.command}`")
+    trainer.check_output_dir()  # before the lock: a refused folder gets no lock file
     try:
-        trainer.setup()
-        summary = trainer.train()
+        with lock:
+            trainer.setup()
+            summary = trainer.train()
     finally:
         trainer.cleanup()
     if trainer.accelerator.is_main_process:
@@ -102,7 +117,7 @@ def launcher_command(module: str, num_processes: int | None, accelerate_config: 
     return [tool("torchrun"), "--nproc_per_node", str(num_processes or 1), "-m", module]
 
 
-def _launch(args: argparse.Namespace, module: str) -> int:
+def _launch(args: argparse.Namespace, module: str, output_dir: str) -> int:
     """Re-run this job once per process (see :func:`launcher_command`)."""
     cmd = launcher_command(module, args.num_processes, args.accelerate_config)
     cmd += [args.recipe, *args.overrides]
@@ -113,4 +128,5 @@ def _launch(args: argparse.Namespace, module: str) -> int:
     if args.threads is not None:
         cmd += ["--threads", str(args.threads)]
     print("launching:", " ".join(cmd), file=sys.stderr)
-    return subprocess.call(cmd)
+    with output_lock(output_dir, f"`specgraft {module.rsplit('.', 1)[-1]}`"):
+        return subprocess.call(cmd, env={**os.environ, LAUNCHED_ENV: "1"})

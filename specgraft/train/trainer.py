@@ -40,7 +40,8 @@ from specgraft.heads.base import RECIPE_NAME, DraftHead
 from specgraft.target import Target, target_from_config
 from specgraft.train import checkpoint as ckpt
 from specgraft.train.step import HeadTrainStep, TrainStep
-from specgraft.utils.io import atomic_write_json
+from specgraft.utils.io import CARRIED_OVER, atomic_write_json, folder_has_content
+from specgraft.utils.outputs import check_output, mark_output, require_utf8_path
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ class RecipeTrainer:
         r = self.recipe
         tr = r.training
         self.train_step.check(self)
-        self._check_output_dir()
+        self.check_output_dir()
         tracker = None if r.tracking.backend == "none" else r.tracking.backend
         _require_tracker_package(tracker)
         self.accelerator = Accelerator(
@@ -263,7 +264,7 @@ class RecipeTrainer:
         self.batches_per_epoch = len(self.loader)
 
         if acc.is_main_process:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
+            mark_output(self.output_dir, self.command)
             save_recipe(r, self.output_dir / RECIPE_NAME)
         if tracker is not None:
             acc.init_trackers(r.tracking.project, config=_flatten(to_dict(r)),
@@ -271,8 +272,11 @@ class RecipeTrainer:
         if self.resume:
             self._load_latest_checkpoint()
 
-    def _check_output_dir(self) -> None:
+    def check_output_dir(self) -> None:
+        """Refuse output.dir unless it is new, empty, this recipe's run (--resume) or an earlier output of this
+        command (output.overwrite); called before anything is loaded."""
         out = self.output_dir
+        require_utf8_path(out, "output.dir")
         if self.resume:
             # Refuse a checkpoint of another recipe before loading anything heavy.
             folder = ckpt.latest_good_checkpoint(out)
@@ -291,9 +295,13 @@ class RecipeTrainer:
             return
         if out.exists() and not out.is_dir():
             raise SpecgraftError(f"output.dir {out} is a file; set output.dir to a folder (it is created)")
-        if not out.exists() or not any(out.iterdir()):
+        if not folder_has_content(out):
             return
         if self.recipe.output.overwrite:
+            # Only into an earlier output of this command, and never over an input.
+            r = self.recipe
+            inputs = [r.model.name_or_path, r.data.path, getattr(getattr(r, "distill", None), "student", None)]
+            check_output(out, self.command, overwrite=True, inputs=inputs, flag="output.dir")
             return
         if self._only_leftovers_of_a_failed_start(out):
             logger.info("%s holds only the recipe of a run that stopped before its first checkpoint; starting afresh",
@@ -305,7 +313,7 @@ class RecipeTrainer:
     def _only_leftovers_of_a_failed_start(self, out: Path) -> bool:
         """True when ``out`` holds nothing but what a run that failed before its first checkpoint wrote (the
         resolved recipe and the tracker's log folder): nothing to resume, so the plain rerun may start over."""
-        allowed = {RECIPE_NAME, self.recipe.tracking.project}
+        allowed = {RECIPE_NAME, self.recipe.tracking.project, *CARRIED_OVER}
         if not ckpt.list_checkpoints(out):
             allowed.add(ckpt.CHECKPOINTS_DIR)  # created before a first checkpoint that was never completed
         if any(p.name not in allowed for p in out.iterdir()) or not (out / RECIPE_NAME).is_file():
@@ -615,6 +623,8 @@ class HeadTrainer(RecipeTrainer):
 
     #: The recipe schema this trainer runs (the CLI reads recipes with it).
     recipe_schema = Recipe
+    #: The command whose output folders this trainer writes (their marker; see :mod:`specgraft.utils.outputs`).
+    command = "train"
 
     def __init__(self, recipe: Recipe, resume: bool = False, target: Target | None = None, dataset: Any = None,
                  show_progress: bool = True) -> None:

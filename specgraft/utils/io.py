@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -14,6 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError
+
+#: The lock file :func:`output_lock` keeps in a folder while a command writes there.
+LOCK_NAME = ".specgraft.lock"
+#: The marker naming the command that wrote an output folder (see :mod:`specgraft.utils.outputs`).
+OUTPUT_MARKER_NAME = ".specgraft-output.json"
+#: Bookkeeping files :func:`atomic_path` moves from a replaced folder into its successor: the lock and the output
+#: marker of :mod:`specgraft.utils.outputs`.
+CARRIED_OVER = (LOCK_NAME, OUTPUT_MARKER_NAME)
 
 
 @contextlib.contextmanager
@@ -31,6 +40,11 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     try:
         yield tmp
         if final.is_dir() and not final.is_symlink():
+            # The lock and output marker move into the new folder (a rename keeps the locked inode, so a second
+            # writer still finds it held).
+            for name in CARRIED_OVER:
+                if tmp.is_dir() and (final / name).is_file() and not (tmp / name).exists():
+                    os.replace(final / name, tmp / name)
             # os.replace cannot replace a non-empty folder: move the old one aside first, then drop it.
             old = final.with_name(f".{final.name}.old")
             if old.exists():
@@ -48,14 +62,6 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         raise
 
 
-def check_output_folder(out: Path, overwrite: bool, flag: str = "--out") -> None:
-    """Refuse an output path that is a file, or a non-empty folder unless ``overwrite`` (checked before work)."""
-    if out.exists() and not out.is_dir():
-        raise SpecgraftError(f"output path {out} is a file; pass a folder path for {flag}")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise SpecgraftError(f"output folder {out} is not empty; pass --overwrite or choose another {flag}")
-
-
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` atomically (temp file + fsync + rename)."""
     with atomic_path(path) as tmp:
@@ -70,12 +76,23 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> Non
     atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False, default=str) + "\n")
 
 
+class _NonFinite(ValueError):
+    """A ``NaN``/``Infinity`` literal in a JSON file (valid for Python's json, never a measured number)."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
 def read_json_meta(file: Path, required: tuple[str, ...], fix: str) -> dict[str, Any]:
-    """Read a metadata JSON file that must hold ``required`` keys; one-line errors end with ``fix``."""
+    """Read a metadata JSON file that must hold ``required`` keys; one-line errors end with ``fix``. ``NaN`` and
+    ``Infinity`` literals are refused."""
     try:
-        meta = json.loads(file.read_text(encoding="utf-8"))
+        meta = json.loads(file.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SpecgraftError(f"{file} is not valid JSON ({exc}); {fix}") from None
+    except _NonFinite as exc:
+        raise SpecgraftError(f"{file} holds {exc.args[0]}, which is not a finite number; {fix}") from None
     if not isinstance(meta, dict):
         raise SpecgraftError(f"{file} is not a JSON object; {fix}")
     for key in required:
@@ -93,27 +110,48 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-#: The lock file :func:`output_lock` keeps in a folder while a command writes there.
-LOCK_NAME = ".specgraft.lock"
 
 
 @contextlib.contextmanager
-def output_lock(folder: str | os.PathLike, what: str = "this folder") -> Iterator[Path]:
+def output_lock(folder: str | os.PathLike, what: str = "this folder", name: str = LOCK_NAME) -> Iterator[Path]:
     """Hold an exclusive lock on ``folder`` (created) while the block writes into it; a second writer fails at
     once with a one-line error instead of mixing its files with the first one's.
 
     The lock is an ``flock`` on ``folder/.specgraft.lock``: the OS releases it when the process dies, so a killed
     run leaves no stale lock (the empty file itself stays; push and the non-empty checks ignore it). Without
-    ``fcntl`` (Windows) the block runs unlocked.
+    ``fcntl`` (Windows) the block runs unlocked. ``name``: another lock file (a file output locks
+    ``.<file name>.lock`` beside it).
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = folder / LOCK_NAME
+    if folder.exists() and not folder.is_dir():
+        raise SpecgraftError(f"{folder} is a file, not a folder; pass a folder path (it is created)")
+    # The folders this lock creates (the missing ones along the path), removed again when nothing was written.
+    created = [f for f in (folder, *folder.parents) if not f.exists()]
     try:
-        import fcntl
-    except ImportError:  # pragma: no cover (Windows)
+        folder.mkdir(parents=True, exist_ok=True)
+    except (NotADirectoryError, FileExistsError):
+        raise SpecgraftError(f"cannot create the folder {folder}: a component of the path is a file, not a "
+                             "folder; fix the path") from None
+    lock = folder / name
+    if importlib.util.find_spec("fcntl") is None:  # pragma: no cover (Windows)
         yield lock
         return
+    try:
+        with _locked(lock, folder, what):
+            yield lock
+    finally:
+        # A folder this lock created that nothing was written into (a refused or failed run) does not stay.
+        if created and folder.is_dir() and not folder_has_content(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            for parent in created[1:]:
+                with contextlib.suppress(OSError):  # not empty: something else was written there
+                    parent.rmdir()
+
+
+@contextlib.contextmanager
+def _locked(lock: Path, folder: Path, what: str) -> Iterator[None]:
+    import fcntl
+
     with open(lock, "a+") as fh:
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -123,7 +161,7 @@ def output_lock(folder: str | os.PathLike, what: str = "this folder") -> Iterato
                                      "finish or choose another output folder") from None
             raise
         try:
-            yield lock
+            yield
         finally:
             # The (empty, hidden) file stays: unlinking it would let a third writer lock a new file while a
             # second one holds the unlinked one.
@@ -131,6 +169,48 @@ def output_lock(folder: str | os.PathLike, what: str = "this folder") -> Iterato
 
 
 def folder_has_content(folder: str | os.PathLike) -> bool:
-    """True when ``folder`` exists and holds anything besides :func:`output_lock`'s lock file."""
+    """True when ``folder`` exists and holds anything besides :func:`output_lock`'s lock file and the output
+    marker."""
     folder = Path(folder)
-    return folder.is_dir() and any(p.name != LOCK_NAME for p in folder.iterdir())
+    return folder.is_dir() and any(p.name not in CARRIED_OVER for p in folder.iterdir())
+
+
+def iter_lines_limited(path: str | os.PathLike, max_line_bytes: int, max_total_bytes: int | None = None,
+                       what: str = "file") -> Iterator[bytes]:
+    """The lines of a text file (``.gz``: decompressed as it is read), refusing a line longer than
+    ``max_line_bytes`` or more than ``max_total_bytes`` in all before holding them: a small compressed file can
+    expand to gigabytes, and a line is otherwise read whole before anything can look at it."""
+    import gzip
+    import zlib
+
+    path = Path(path)
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    total = 0
+    with opener(path, "rb") as fh:
+        while True:
+            try:
+                line = fh.readline(max_line_bytes + 1)
+            except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+                raise SpecgraftError(f"{what} {path} is not a complete gzip file ({type(exc).__name__}: {exc}); "
+                                     "re-download or re-compress it") from None
+            if not line:
+                return
+            total += len(line)
+            if len(line) > max_line_bytes:
+                raise SpecgraftError(f"{what} {path} has a line longer than {max_line_bytes >> 20} MiB (decompressed); "
+                                     "pass a file with one record per line")
+            if max_total_bytes is not None and total > max_total_bytes:
+                raise SpecgraftError(f"{what} {path} holds more than {max_total_bytes >> 20} MiB of text "
+                                     "(decompressed); pass a smaller file")
+            yield line
+
+
+def require_file(path: Path, what: str, fix: str, error: type[SpecgraftError] = SpecgraftError) -> None:
+    """Refuse ``path`` unless it is a regular file, saying what it is instead: missing, a folder, or a device or
+    pipe (``what``: how the message names it, ``fix``: the end of the message, ``error``: the exception type)."""
+    if path.is_dir():
+        raise error(f"{what} {path} is a folder, not a file; {fix}")
+    if path.exists() and not path.is_file():
+        raise error(f"{what} {path} is not a regular file (a device, pipe or socket); {fix}")
+    if not path.is_file():
+        raise error(f"{what} {path} does not exist; {fix}")

@@ -39,3 +39,22 @@ def require_causal_lm(config: Any, where: str) -> None:
             f"{where} is a {model_type} model ({archs}), not a decoder-only causal LM; "
             "pass a model that AutoModelForCausalLM loads (Llama, Qwen, Mistral, Gemma, Phi, ...)"
         )
+
+
+def load_tokenizer(name: str, what: str, fix: str, **kwargs: Any) -> Any:
+    """``AutoTokenizer.from_pretrained(name, **kwargs)`` whose failures are one :class:`SpecgraftError` naming
+    ``what`` (the input) and ending with ``fix``: missing files (OSError), rejected values (ValueError) and the
+    bare ``Exception`` the Rust ``tokenizers`` library raises on a malformed ``tokenizer.json`` (a merge rule
+    that is not a pair, say)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as exc:
+        reason = exc
+    except Exception as exc:  # noqa: BLE001 (tokenizers raises plain Exception; anything else is re-raised)
+        if type(exc) is not Exception:
+            raise
+        reason = exc
+    first = (str(reason).strip().splitlines() or [type(reason).__name__])[0][:160]
+    raise SpecgraftError(f"could not load the tokenizer of {what} ({type(reason).__name__}: {first}); {fix}")

@@ -33,15 +33,21 @@ def test_non_empty_output_is_refused_unless_overwrite(saved_heads, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    with pytest.raises(SpecgraftError, match="exists and is not empty.*--overwrite"):
+    with pytest.raises(SpecgraftError, match="is not empty.*--overwrite"):
         export_head(saved_heads["medusa"], "vllm", out)
     assert (out / "keep.txt").read_text() == "x"
+    # --overwrite replaces an earlier export only, never a folder another program wrote.
+    with pytest.raises(SpecgraftError, match="written by another program"):
+        export_head(saved_heads["medusa"], "vllm", out, overwrite=True)
+    assert (out / "keep.txt").read_text() == "x"
+    (out / "keep.txt").unlink()
+    export_head(saved_heads["medusa"], "native", out)
     result = export_head(saved_heads["medusa"], "vllm", out, overwrite=True)
-    assert result.path == out and not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+    assert result.path == out and not (out / "head.safetensors").exists() and (out / "model.safetensors").is_file()
 
 
 def test_output_cannot_be_the_head_folder(saved_heads):
-    with pytest.raises(SpecgraftError, match="would replace the head folder"):
+    with pytest.raises(SpecgraftError, match="is the input"):
         export_head(saved_heads["medusa"], "native", saved_heads["medusa"], overwrite=True)
 
 
