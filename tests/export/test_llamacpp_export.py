@@ -19,7 +19,8 @@ from .helpers import make_head, save_target_gguf, save_tiny_target
 
 def test_gguf_holds_what_llamacpp_reads(saved_heads, llama_target, llama_target_gguf, tmp_path):
     out = export_head(saved_heads["eagle3"], "llamacpp", tmp_path / "o", target_gguf=llama_target_gguf).path
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "draft.gguf", "specgraft_export.json"]
+    visible = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))  # not the output marker/lock
+    assert visible == ["README.md", "draft.gguf", "specgraft_export.json", "specgraft_manifest.json"]
     meta, tensors = read_gguf(out / "draft.gguf")
     tc = llama_target.text_config
     assert meta["general.architecture"] == "eagle3"
