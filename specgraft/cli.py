@@ -25,19 +25,21 @@ from specgraft.errors import SpecgraftError
 
 #: subcommand -> (module, one-line help). The help is duplicated here so `--help` needs no heavy imports.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("specgraft.train.cli", "Train draft heads (Medusa, EAGLE-1/2, EAGLE-3) from a YAML recipe."),
+    "train": ("specgraft.train.cli", "Train a draft head (Medusa-1/2, EAGLE-1/2, EAGLE-3, DFlash) from a YAML recipe."),
     "distill": ("specgraft.distill.cli", "Distill a standalone draft model on the target's outputs."),
-    "eval": ("specgraft.eval.cli", "Measure tau, acceptance and speedup per domain with the lossless decoder."),
+    "eval": ("specgraft.commands.eval", "Measure tau, acceptance and speedup per domain with the lossless decoder."),
     "simulate": ("specgraft.eval.simulate", "Predict tau and speedup for another setting from closed forms."),
-    "profile": ("specgraft.eval.cost", "Measure this device's cost of verifying N tokens and of each drafter."),
-    "tune": ("specgraft.eval.tune", "Choose the fastest tree/draft length for this device and confirm it."),
-    "export": ("specgraft.export.cli", "Export a head for vLLM, SGLang or TensorRT-LLM."),
-    "push": ("specgraft.export.push", "Upload an exported head folder to the Hugging Face Hub."),
-    "regenerate": ("specgraft.data.regenerate", "Rewrite assistant turns with the target (self-distillation data)."),
-    "convert-llama2c": ("specgraft.llama2c", "Convert a llama2.c checkpoint + tokenizer to a transformers folder."),
+    "profile": ("specgraft.commands.profile", "Measure this device's cost of verifying N tokens and of each drafter."),
+    "tune": ("specgraft.commands.tune", "Choose the fastest draft setting for this device and measure it."),
+    "export": ("specgraft.commands.export", "Export a head for vLLM, SGLang or TensorRT-LLM (or the native layout)."),
+    "push": ("specgraft.commands.push", "Upload an exported head folder to the Hugging Face Hub."),
+    "regenerate": ("specgraft.commands.regenerate",
+                   "Rewrite assistant turns with the target (self-distillation data)."),
+    "convert-llama2c": ("specgraft.commands.convert_llama2c",
+                        "Convert a llama2.c checkpoint + tokenizer to a transformers folder."),
     "convert-gguf": ("specgraft.gguf", "Convert a .gguf file (dequantized) to a transformers folder."),
     "recipe": ("specgraft.recipe_cli", "Validate recipes and print the fully resolved configuration."),
-    "demo": ("specgraft.demo", "Run the end-to-end demo on the embedded default target (CPU, no downloads)."),
+    "demo": ("specgraft.demo", "Run the end-to-end demo: train, evaluate, tune and export every drafter (CPU)."),
 }
 
 
