@@ -1,7 +1,9 @@
 """The ``specgraft`` command line: one entry point, a subcommand per capability.
 
-Subcommand modules are imported only when used (``specgraft --help`` stays fast). Each module exposes
-``add_arguments(parser)`` and ``run(args) -> int``; its docstring's first line is the subcommand's help.
+Subcommand modules are imported only when used, and a subcommand's parser module imports no heavy library:
+``specgraft --help`` and ``specgraft CMD --help`` never load torch (tests/test_cli_startup.py). Each module exposes
+``add_arguments(parser)`` and ``run(args) -> int``; the commands whose implementation is heavy have theirs in
+:mod:`specgraft.commands`, whose ``run`` imports the implementation. The one-line help is :data:`COMMANDS`'.
 A :class:`~specgraft.errors.SpecgraftError` is printed as one ``error:`` line (exit 2), never a traceback. So are
 the environment's errors (an ``OSError``: disk full, permission denied, a path component that is a file, a name too
 long) and the errors libraries raise on input they reject (``ValueError``, ``RuntimeError``, ...): those get the
