@@ -215,7 +215,8 @@ def tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, p
             label += (f"; the best drafting setting, {setting_label(kind, best.setting)}, predicted "
                       f"{_num(best.speedup)}x, measured {_num((measured_best or {}).get('speedup_ratio_of_totals'))}x")
         tuned[name] = {"setting": label,
-                       "default": setting_label(kind, outcome.default.setting) if outcome.default else "default",
+                       "default": setting_label(kind, outcome.default.setting) if outcome.default else
+                       _drafter_label(result["report"]["drafter"]),
                        "predicted": outcome.chosen.speedup,
                        "predicted_default": outcome.default.speedup if outcome.default else None,
                        "measured": (outcome.measured.get("tuned") or {}).get("speedup_ratio_of_totals"),
@@ -323,12 +324,20 @@ def _headline_row(name: str, result: dict[str, Any], tuned: dict[str, Any] | Non
     overall = result["report"]["overall"]
     tuned = tuned or {}
     return {"drafter": name,
-            "default_setting": tuned.get("default") or "default",
+            "default_setting": tuned.get("default") or _drafter_label(result["report"]["drafter"]),
             "default_tau": tuned.get("tau_default", overall.get("tau")),
             "default_speedup": tuned.get("measured_default", overall.get("speedup_ratio_of_totals")),
             "tuned_setting": tuned.get("setting"), "tuned_tau": tuned.get("tau"),
             "tuned_speedup": tuned.get("measured"), "tuned_predicted": tuned.get("predicted"),
             "tuned_lossless": tuned.get("lossless")}
+
+
+def _drafter_label(drafter: dict[str, Any]) -> str:
+    """A setting as report.json's ``drafter`` section records it: ``tree of 64 tokens, depth 2`` / ``chain of 4``."""
+    if drafter.get("mode") == "chain":
+        return f"chain of {drafter.get('k')}"
+    label = f"tree of {drafter.get('tree_size')} tokens, depth {drafter.get('k')}"
+    return label + (f", top-{drafter['top_k']}" if drafter.get("top_k") else "")
 
 
 def _num(value: Any) -> str:
@@ -358,18 +367,22 @@ def _plot(out: Path, results: dict[str, dict[str, Any]], tuning: dict[str, dict[
 
     fig, (overall_ax, domain_ax) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1, 1.3]})
     xs = range(len(headline))
+    highest = 1.0
     for offset, key, label, color in ((-0.2, "default_speedup", "default setting", "#b0b0b0"),
                                       (0.2, "tuned_speedup", "tuned for this machine", "#2b7bba")):
         values = [float(row[key]) if isinstance(row[key], (int, float)) else 0.0 for row in headline]
+        highest = max(highest, *values)
         bars = overall_ax.bar([x + offset for x in xs], values, 0.4, label=label, color=color)
         overall_ax.bar_label(bars, labels=[f"{v:.2f}x" if v else "" for v in values], fontsize=8)
-    ticks = [f"{row['drafter']}\n" + textwrap.fill(f"default: {row['default_setting']}", 26) + "\n"
-             + textwrap.fill(f"tuned: {(row['tuned_setting'] or 'not tuned').split(';')[0]}", 26)
-             for row in headline]
+    # the plain-decoding choice reads "plain decoding (no drafting); the best drafting setting, ...": keep its head
+    tuned = [(row["tuned_setting"] or "not tuned").split(";")[0].replace(" (no drafting)", "") for row in headline]
+    ticks = [f"{row['drafter']}\n" + textwrap.fill(f"default: {row['default_setting']}", 20) + "\n"
+             + textwrap.fill(f"tuned: {setting}", 20) for row, setting in zip(headline, tuned)]
     overall_ax.set_xticks(list(xs), ticks, fontsize=7)
+    overall_ax.set_ylim(0, highest * 1.3)  # room for the legend above the bars
     overall_ax.set_ylabel("speedup vs plain decoding (overall)")
     overall_ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    overall_ax.legend(fontsize=8, loc="upper right")
+    overall_ax.legend(fontsize=8, loc="upper left", ncol=2)
 
     names = list(results)
     width = 0.8 / len(names)
@@ -380,7 +393,7 @@ def _plot(out: Path, results: dict[str, dict[str, Any]], tuning: dict[str, dict[
         bars = domain_ax.bar(positions, values, width, label=name)
         domain_ax.bar_label(bars, fmt="%.2f", fontsize=7)
     domain_ax.set_xticks(range(len(domains)), domains)
-    domain_ax.set_ylabel("speedup per domain, tuned setting")
+    domain_ax.set_ylabel("speedup per domain, tuned setting\n(the best drafting one where plain was chosen)")
     domain_ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     domain_ax.legend(fontsize=8)
     fig.suptitle(title)
