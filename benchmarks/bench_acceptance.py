@@ -4,8 +4,8 @@ For each registered head family (``specgraft.heads.registry.family_names()``, so
 it ships a ``recipes/<family>/stories260k.yaml``) and each target:
 
 * ``stories260k``: llama2.c stories260K converted to transformers, trained on the head of ``tinystories_train.txt``
-  and evaluated on the first sentences of lines at its END (``bench_heads_stories260k.prepare_stories260k``, the
-  construction of ``bench_eval_stories.py``: no held-out paragraph is trained on);
+  and evaluated on the first sentences of lines at its END (``benchlib.stories.prepare_stories260k``: no held-out
+  paragraph is trained on);
 * ``embedded``: the target shipped inside specgraft (``specgraft/defaults/model``), trained on its own corpus and
   evaluated on the demo's held-out prompts (``specgraft.demo.write_demo_data`` without a target: the
   corpus's documents, not the demo's self-distilled text),
@@ -43,10 +43,11 @@ import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from specgraft.utils.scripts import load_sibling
+from benchlib.results import add_result_arguments, write_result
+from benchlib.stages import StageLog, run_stage, specgraft
+from benchlib.stories import prepare_stories260k
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("stories260k", "embedded")
@@ -54,11 +55,6 @@ TARGETS = ("stories260k", "embedded")
 RECIPE = "recipes/{family}/stories260k.yaml"
 #: --quick: a wiring check (seconds of training per run), not a measurement.
 QUICK = {"steps": 4, "eval_every": 2, "prompts": 1, "max_new_tokens": 16, "micro_batch": 2, "max_length": 64}
-
-
-def _sibling(name: str) -> ModuleType:
-    """A sibling benchmark (not a package) whose functions this one reuses."""
-    return load_sibling(__file__, name)
 
 
 # -- pure logic (tested in tests/scripts/test_bench_acceptance.py) ------------------------------------------------
@@ -192,11 +188,7 @@ def prepare_target(name: str, work: Path, args: argparse.Namespace) -> TargetDat
     """The target's model folder, training data and held-out prompt file (written under ``work/<name>``)."""
     folder = work / name
     if name == "stories260k":
-        stories = _sibling("bench_heads_stories260k")
-        prepared = stories.prepare_stories260k(argparse.Namespace(work=folder, out=args.out, per_domain=args.prompts))
-        if prepared is None:  # it printed the error line
-            raise SystemExit(2)
-        _, model_dir, split = prepared
+        model_dir, split = prepare_stories260k(folder, args.prompts)
         return TargetData(name, model_dir, Path(split["train_text"]), Path(split["prompts_file"]),
                           split["num_prompts"], f"{split['num_prompts']} held-out TinyStories prompts "
                           f"(the last {split['heldout_lines']} lines of tinystories_train.txt, not trained on)")
@@ -215,7 +207,7 @@ def prepare_target(name: str, work: Path, args: argparse.Namespace) -> TargetDat
 
 
 def train_family(family: str, target: TargetData, work: Path, args: argparse.Namespace,
-                 stages: dict[str, Any], bench: ModuleType) -> Path:
+                 stages: dict[str, Any]) -> Path:
     """Train ``family``'s recipe on ``target`` once, keeping a checkpoint every --eval-every steps; the run folder.
     Skipped when the run finished with --steps; resumed from its newest checkpoint when it was interrupted."""
     run_dir = work / "runs" / target.name / family
@@ -238,17 +230,17 @@ def train_family(family: str, target: TargetData, work: Path, args: argparse.Nam
     if args.quick:
         overrides.append("training.warmup_steps=1")
     resume = ["--resume"] if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()) else []
-    cmd = bench.specgraft("train", str(ROOT / RECIPE.format(family=family)), *overrides, *resume, "--no-progress",
-                          "--threads", str(args.threads))
+    cmd = specgraft("train", str(ROOT / RECIPE.format(family=family)), *overrides, *resume, "--no-progress",
+                    "--threads", str(args.threads))
     log = work / "logs" / f"train-{target.name}-{family}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    stages[f"train/{target.name}/{family}"] = {**bench.run_stage(f"train {family} on {target.name}", cmd, log),
+    stages[f"train/{target.name}/{family}"] = {**run_stage(f"train {family} on {target.name}", cmd, log),
                                                "command": " ".join(cmd[1:])}
     return run_dir
 
 
-def head_at(run_dir: Path, step: int, steps: int, work: Path, args: argparse.Namespace, stages: dict[str, Any],
-            bench: ModuleType) -> Path:
+def head_at(run_dir: Path, step: int, steps: int, work: Path, args: argparse.Namespace,
+            stages: dict[str, Any]) -> Path:
     """The head of checkpoint ``step`` of ``run_dir``, finished as the final head is (``specgraft train --resume``
     on a folder holding only that checkpoint: nothing is trained, the family's post-training measurement runs and
     ``head/`` is written); the run's own ``head/`` for the last step."""
@@ -265,10 +257,10 @@ def head_at(run_dir: Path, step: int, steps: int, work: Path, args: argparse.Nam
                          "or pass the --eval-every it was trained with")
     shutil.rmtree(dest, ignore_errors=True)  # a partial attempt
     shutil.copytree(source, dest / CHECKPOINTS_DIR / source.name)
-    cmd = bench.specgraft("train", str(run_dir / "recipe.yaml"), f"output.dir={dest}", f"training.max_steps={step}",
-                          "tracking.backend=none", "--resume", "--no-progress", "--threads", str(args.threads))
+    cmd = specgraft("train", str(run_dir / "recipe.yaml"), f"output.dir={dest}", f"training.max_steps={step}",
+                    "tracking.backend=none", "--resume", "--no-progress", "--threads", str(args.threads))
     log = work / "logs" / f"head-{'-'.join(dest.relative_to(work / 'heads').parts)}.log"
-    stages[f"head/{dest.relative_to(work / 'heads')}"] = bench.run_stage(f"head at step {step}", cmd, log)
+    stages[f"head/{dest.relative_to(work / 'heads')}"] = run_stage(f"head at step {step}", cmd, log)
     shutil.rmtree(dest / CHECKPOINTS_DIR)  # the copy served its purpose; the head is what is evaluated
     return dest / "head"
 
@@ -332,7 +324,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="exit 1 when a family's final-step tau is below TAU (on every target, or on TARGET)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: " + ", ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
+    add_result_arguments(parser, "acceptance-vs-steps", default_help="acceptance-vs-steps, with --quick "
+                         "acceptance-vs-steps-quick")
     args = parser.parse_args(argv)
+    if args.quick and args.result_name == "acceptance-vs-steps":
+        args.result_name = "acceptance-vs-steps-quick"
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
@@ -356,10 +352,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.update({"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
                        "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})  # the child processes too
-    bench = _sibling("bench_smollm2")  # run_stage (CPU time, peak RSS) and the resumable stage log
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
-    stages = bench.StageLog(work / "stages.json")
+    stages = StageLog(work / "stages.json")
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     about: dict[str, str] = {}
@@ -368,9 +363,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         about[target_name] = target.about
         print(f"[{target_name}] {target.model_dir}: {target.about}", flush=True)
         for family in args.families:
-            run_dir = train_family(family, target, work, args, stages, bench)
+            run_dir = train_family(family, target, work, args, stages)
             for step in eval_steps(args.steps, args.eval_every):
-                head_dir = head_at(run_dir, step, args.steps, work, args, stages, bench)
+                head_dir = head_at(run_dir, step, args.steps, work, args, stages)
                 row = evaluate(family, target, step, head_dir, work, args)
                 rows.append(row)
                 print(f"  {family:<7} {target_name:<11} step {step:>5}  tau {row['tau']:.2f}  "
@@ -400,6 +395,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     atomic_write_json(args.out, result)
     print(f"wrote {args.out}")
+    figures = [{key: row[key] for key in ("family", "target", "step", "mode", "tau")}
+               | {"acceptance_by_depth": " / ".join(f"{a:.2f}" for a in row["acceptance_by_depth"] or []),
+                  "lossless": row["lossless_check"]} for row in rows]
+    write_result(args.result_name, figures, title=title, dtype="float32", threads=args.threads,
+                 results_dir=args.results_dir,
+                 details={"targets": about, "train_cpu_s": train_cpu, "regressions": failures,
+                          "full_record": str(args.out)})
     for line in not_lossless:
         print(f"FAILED lossless: {line}", file=sys.stderr)
     for line in failures:

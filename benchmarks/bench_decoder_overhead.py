@@ -1,6 +1,6 @@
 """Speculative-decoder overhead on stories260K: greedy tau, tokens/s, wall speedup and speedup/tau.
 
-Target: the llama2.c stories260K model (converted with ``specgraft.llama2c.convert_llama2c``). Prompts: the first
+Target: the llama2.c stories260K model (converted by ``benchlib.stories``). Prompts: the first
 sentence of the last ``--prompts`` paragraphs of ``tinystories_train.txt`` (held out from the head of the file that
 training uses). Methods, all greedy and all checked token-for-token against plain decoding:
 
@@ -30,7 +30,6 @@ verification, statistics, KV rollback, drafter bookkeeping).
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import statistics
 import sys
@@ -39,6 +38,8 @@ import time
 from pathlib import Path
 
 import torch
+from benchlib.results import add_result_arguments, write_result
+from benchlib.stories import STORIES_DIR, TINYSTORIES, stories260k_target
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specgraft.eval import metrics
@@ -46,9 +47,7 @@ from specgraft.eval.decoder import GenerationResult, SpeculativeDecoder
 from specgraft.eval.drafter import DraftContext, Drafter
 from specgraft.eval.drafters import DraftModelDrafter, SelfDrafter
 from specgraft.eval.tree import DraftTree
-from specgraft.utils.io import atomic_write_json
 
-SHARED = Path(os.environ.get("SPECGRAFT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 K = 4
 
 
@@ -187,6 +186,7 @@ def oracle_overhead(target, tok, prompts: list[str], args, device: torch.device)
     print(header)
     print("-" * len(header))
     lossless, plain_step, plain_rate = True, None, None
+    figures = []
     for (kernel, name), per_prompt in samples.items():
         wall = sum(statistics.median(s[0] for s in runs) for runs in per_prompt)
         fwd = sum(statistics.median(s[1] for s in runs) for runs in per_prompt)
@@ -200,19 +200,28 @@ def oracle_overhead(target, tok, prompts: list[str], args, device: torch.device)
               f"{1e3 * wall / steps:>12.3f} {1e3 * fwd / steps:>11.3f} "
               f"{1e3 * (wall - fwd) / steps:>16.3f} {tokens / wall:>8.1f} "
               f"{wall / steps / plain_step:>10.2f} {tokens / wall / plain_rate:>7.2f}x")
+        figures.append({"method": label(kernel, name), "nodes": nodes, "tau": tokens / steps, "steps": steps,
+                        "wall_ms_per_step": 1e3 * wall / steps, "forward_ms_per_step": 1e3 * fwd / steps,
+                        "overhead_ms_per_step": 1e3 * (wall - fwd) / steps, "tokens_per_s": tokens / wall,
+                        "step_over_plain": wall / steps / plain_step, "speedup": tokens / wall / plain_rate})
     print("overhead = wall time outside the target's forwards (prefill included in fwd) per verification step; "
           "step/plain = one verification step's wall time in plain decoding steps (the cost of verifying the "
           "draft on this device); speedup = an ideal zero-cost drafter's ceiling at that draft size; both are "
           f"relative to plain decoding with the {kernels[0]} kernel")
     print(f"lossless (every method's tokens == plain greedy): {lossless}")
+    write_result(args.result_name, [row | {"lossless": lossless} for row in figures],
+                 title=f"Decoder loop overhead per step on {args.target or 'stories260K'} with a zero-cost oracle "
+                       "drafter", dtype="float32", threads=args.threads, results_dir=args.results_dir,
+                 details={"device": str(device), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                          "repeats": args.repeats, "k": depths, "linear_kernels": kernels})
     return 0 if lossless else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stories-dir", type=Path, default=SHARED / "models" / "stories260K",
+    parser.add_argument("--stories-dir", type=Path, default=STORIES_DIR,
                         help="folder with stories260K.bin and tok512.bin")
-    parser.add_argument("--tinystories", type=Path, default=SHARED / "tinystories" / "tinystories_train.txt")
+    parser.add_argument("--tinystories", type=Path, default=TINYSTORIES)
     parser.add_argument("--draft", type=Path, help="a transformers draft model folder with the same vocab")
     parser.add_argument("--target", type=Path,
                         help="another target instead of stories260K: a transformers folder or a .gguf file "
@@ -224,15 +233,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny models: 1 is fastest)")
-    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument("--oracle", action="store_true",
                         help="measure the decoder's loop overhead per step with a zero-cost oracle drafter")
     parser.add_argument("--linear-kernels", nargs="+", choices=("stock", "weight-major"), default=["stock"],
                         help="--oracle: the decode-time linear kernels to compare side by side, alternating per "
                              "prompt (see specgraft.eval.kernels; e.g. --linear-kernels stock weight-major)")
+    add_result_arguments(parser, "", default_help="decoder-overhead, with --oracle decoder-loop-overhead; "
+                         "-TARGET_NAME added with --target")
     args = parser.parse_args(argv)
-
-    from specgraft.llama2c import convert_llama2c
+    if not args.result_name:
+        args.result_name = ("decoder-loop-overhead" if args.oracle else "decoder-overhead") + \
+            (f"-{args.target.stem}" if args.target is not None else "")
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -244,8 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         target, tok = loaded.model.eval(), loaded.tokenizer
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            folder = convert_llama2c(args.stories_dir / "stories260K.bin", args.stories_dir / "tok512.bin",
-                                     Path(tmp) / "stories260K")
+            folder = stories260k_target(Path(tmp) / "stories260K", args.stories_dir)
             target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
             tok = AutoTokenizer.from_pretrained(folder)
     if args.oracle:
@@ -307,10 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.draft is None:
         print(f"draft-k{K}: not run (no --draft PATH given; pass a transformers draft model folder with the "
               "target's 512-token vocabulary)")
-    if args.json:
-        atomic_write_json(args.json, {"device": str(device), "threads": args.threads, "prompts": prompts,
-                                      "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-                                      "lossless": lossless, "rows": rows, "draft": str(args.draft or "")})
+    figures = [{k: v for k, v in r.items() if k != "acceptance_by_depth"}
+               | {"acceptance_by_depth": " / ".join(f"{a:.2f}" for a in r["acceptance_by_depth"]),
+                  "lossless": lossless} for r in rows]
+    write_result(args.result_name, figures,
+                 title=f"Speculative-decoder efficiency on {args.target or 'stories260K'}: self-drafting (k={K}) "
+                       "against the forward-count model", dtype="float32", threads=args.threads,
+                 results_dir=args.results_dir,
+                 details={"device": str(device), "prompts": prompts, "max_new_tokens": args.max_new_tokens,
+                          "repeats": args.repeats, "draft": str(args.draft or "")})
     return 0 if lossless else 1
 
 

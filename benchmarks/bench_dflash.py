@@ -3,7 +3,7 @@ position, draft cost per step (in target-forward units), wall-clock speedup and 
 
 One run, in a scratch folder (``--work``, default ``<out stem>_work`` beside ``--out``):
 
-1. Converts llama2.c stories260K and splits TinyStories exactly as ``benchmarks/bench_heads_stories260k.py`` does
+1. Converts llama2.c stories260K and splits TinyStories as every stories260K benchmark does (``benchlib.stories``)
    (held-out prompts from the end of the file; the training text stops before them).
 2. Trains EAGLE-3 (``recipes/eagle3/stories260k.yaml``) and DFlash (``recipes/dflash/stories260k.yaml``) through the
    real ``specgraft train`` command line, each in its own process, with the SAME data, optimizer steps and batch
@@ -32,10 +32,11 @@ import json
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from specgraft.utils.scripts import load_sibling, parse_run_overrides
+from benchlib.results import add_result_arguments, write_result
+from benchlib.stages import eval_figures, fmt, lossless_label, parse_run_overrides, scratch_folder, train_one
+from benchlib.stories import prepare_stories260k
 
 #: (run name, recipe). Both train with online features.
 RUNS = (("eagle3", "recipes/eagle3/stories260k.yaml"), ("dflash", "recipes/dflash/stories260k.yaml"))
@@ -47,11 +48,6 @@ DEFAULT_SETTINGS = (
     ("dflash", {"mode": "chain", "depth": 3}),
     ("dflash", {"mode": "tree", "top_k": 2}),
 )
-
-
-def _sibling(name: str) -> ModuleType:
-    """A sibling benchmark (not a package) whose data split and training launcher this one reuses."""
-    return load_sibling(__file__, name)
 
 
 def evaluate(model_dir: Path, runs: dict[str, dict[str, Any]], settings: list[tuple[str, dict[str, Any]]],
@@ -142,20 +138,19 @@ def tune_both(model_dir: Path, runs: dict[str, dict[str, Any]], split: dict[str,
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    _f = _sibling("bench_heads_stories260k")._f  # the number format of the sibling benchmark's tables
     lines = ["| drafter | setting | tau | acceptance by depth | draft cost / step (target fwd) | verify cost / step | "
              "tok/s spec | tok/s plain | speedup (ratio of totals) | lossless |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         o = r["overall"]
         depth = " ".join(f"{x:.2f}" for x in o.get("acceptance_by_depth") or [])
-        lossless = f"{'passed' if o['lossless_passed'] else 'FAILED'} {o['lossless_identical']}/{o['lossless_checked']}"
+        lossless = lossless_label(o)
         setting = ", ".join(f"{k} {v}" for k, v in r["setting"].items() if k != "paths")
         if r.get("which"):
             setting = f"{r['which']}: {setting}"
-        lines.append(f"| {r['run']} | {setting} | {_f(o['tau'])} | {depth} | {_f(o['draft_cost_per_step'])} | "
-                     f"{_f(o['verify_cost_per_step'])} | {_f(o['tokens_per_s'], 0)} | "
-                     f"{_f(o['baseline_tokens_per_s'], 0)} | {_f(o['speedup_ratio_of_totals'], 2, 'x')} | "
+        lines.append(f"| {r['run']} | {setting} | {fmt(o['tau'])} | {depth} | {fmt(o['draft_cost_per_step'])} | "
+                     f"{fmt(o['verify_cost_per_step'])} | {fmt(o['tokens_per_s'], 0)} | "
+                     f"{fmt(o['baseline_tokens_per_s'], 0)} | {fmt(o['speedup_ratio_of_totals'], 2, 'x')} | "
                      f"{lossless} |")
     return "\n".join(lines)
 
@@ -176,7 +171,6 @@ def comparison(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> int:
-    bench = _sibling("bench_heads_stories260k")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON file with every number")
     parser.add_argument("--work", type=Path, help="scratch folder (default: <out without .json>_work)")
@@ -196,14 +190,13 @@ def main() -> int:
     parser.add_argument("--tune", action="store_true",
                         help="instead of the fixed settings: profile this machine and `specgraft tune` both heads, "
                              "then compare the tuned settings (writes tuned.json beside each head in --work)")
+    add_result_arguments(parser, "dflash-vs-eagle3-stories260k")
     args = parser.parse_args()
     overrides = parse_run_overrides(args.override, [name for name, _ in RUNS])
 
     started = time.perf_counter()
-    prepared = bench.prepare_stories260k(args)
-    if prepared is None:
-        return 2
-    work, model_dir, split = prepared
+    work = scratch_folder(args)
+    model_dir, split = prepare_stories260k(work, args.per_domain)
     print(f"data: {split['train_lines']} training lines, {split['num_prompts']} held-out prompts", flush=True)
 
     runs: dict[str, dict[str, Any]] = {}
@@ -216,8 +209,8 @@ def main() -> int:
                 return 2
             runs[name] = {"head": name, "head_dir": str(head_dir)}
             continue
-        run = bench.train_one(name, recipe, "online", model_dir, split, work, args,
-                              extra_overrides=tuple(overrides.get(name, ())))
+        run = train_one(name, recipe, "online", model_dir, split, work, args,
+                        extra_overrides=tuple(overrides.get(name, ())))
         runs[name] = run
         s = run["summary"]
         print(f"  train {name:<6} {s['steps']} steps  {s['tokens_seen']:,} tokens  "
@@ -239,6 +232,15 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
     print(f"wrote {args.out} ({record['wall_s']:.0f} s)")
+    figures = [{"drafter": r["run"], "which": r.get("which", "fixed"),
+                "setting": ", ".join(f"{k} {v}" for k, v in r["setting"].items() if k != "paths"),
+                **({"predicted_speedup": r["predicted_speedup"]} if "predicted_speedup" in r else {}),
+                **eval_figures(r["overall"])} for r in rows]
+    write_result(args.result_name, {"settings": figures, "comparison": [summary]},
+                 title="DFlash vs EAGLE-3 at an equal training budget on stories260K"
+                       + (", each at its tuned setting" if args.tune else ""),
+                 dtype="float32", threads=args.threads, results_dir=args.results_dir,
+                 details={"args": record["args"], "split": split, "full_record": str(args.out)})
     return 0 if all(r["overall"]["lossless_passed"] for r in rows) else 1
 
 

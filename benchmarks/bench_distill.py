@@ -17,19 +17,20 @@ target on the same prompts (same decoder loop without a drafter, after warm-up, 
 per-prompt ratios and the ratio of totals.
 
     python benchmarks/bench_distill.py                         # default budget: about 10 minutes on 2 cores
-    python benchmarks/bench_distill.py --steps 400 --json runs/bench_distill.json
+    python benchmarks/bench_distill.py --steps 400 --result-name distill-stories260k-400
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from benchlib.results import add_result_arguments, write_result
+from benchlib.stories import STORIES_DIR, TINYSTORIES, stories260k_target
 
 from specgraft.config import (
     DataConfig,
@@ -45,12 +46,7 @@ from specgraft.distill.trainer import OBJECTIVE_DATA_CE, OBJECTIVE_DISTILL, Dist
 from specgraft.eval.decoder import SpeculativeDecoder
 from specgraft.eval.drafters import DraftModelDrafter
 from specgraft.eval.metrics import speedup, summarize
-from specgraft.llama2c import convert_llama2c
 from specgraft.target import load_target
-
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL_DIR = ROOT.parent / "shared" / "data" / "models" / "stories260K"
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tinystories" / "tinystories_train.txt"
 
 #: name -> (objective, loss, on-policy)
 VARIANTS = {
@@ -64,8 +60,8 @@ VARIANTS = {
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR, help="folder with stories260K.bin, tok512.bin")
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="TinyStories text")
+    p.add_argument("--model-dir", type=Path, default=STORIES_DIR, help="folder with stories260K.bin, tok512.bin")
+    p.add_argument("--data", type=Path, default=TINYSTORIES, help="TinyStories text")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--steps", type=int, default=400, help="optimizer steps per variant")
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
@@ -83,7 +79,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1: tiny matrices gain nothing, and spinning threads thrash on a shared CPU)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    add_result_arguments(p, "distill-stories260k")
     return p.parse_args()
 
 
@@ -128,7 +124,7 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        target_dir = convert_llama2c(args.model_dir / "stories260K.bin", args.model_dir / "tok512.bin", tmp / "target")
+        target_dir = stories260k_target(tmp / "target", args.model_dir)
         target = load_target(target_dir)
         data_cfg = DataConfig(str(args.data), format="text", max_length=args.max_length, packing=True,
                               eval_fraction=0.02, seed=args.seed, cache_dir=str(tmp / "cache"))
@@ -190,12 +186,12 @@ def main() -> None:
         print(f"| {t['k']} | {t['tau']:.3f} | {t['tokens_per_s']:.1f} | {t['mean_of_ratios']:.3f}x | "
               f"{t['ratio_of_totals']:.3f}x | {t['draft_to_target_cost']:.2f} |")
     print(f"total {time.perf_counter() - started:.0f}s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
-                                         "best": best["variant"], "speedup": timings,
-                                         "plain_tokens_per_s": plain_tps},
-                                        indent=2) + "\n")
+    write_result(args.result_name, {"variants": rows, f"speedup of {best['variant']}": timings},
+                 title=f"Draft distillation on stories260K: {len(args.variants)} losses and data sources at one "
+                       "budget, held-out acceptance and wall-clock speedup",
+                 dtype="float32", threads=args.threads, results_dir=args.results_dir,
+                 details={"settings": {k: str(v) for k, v in vars(args).items()}, "best": best["variant"],
+                          "plain_tokens_per_s": plain_tps})
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from benchlib.results import add_result_arguments, write_result
 
 from specgraft.eval import cost, kv
 from specgraft.heads.base import load_head
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-length", type=int, default=113)
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", help="write the table as JSON here too")
+    add_result_arguments(parser, "draft-call-cost")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     head = load_head(load_target(args.target, dtype="float32", device="cpu"), args.head)
@@ -93,13 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     for text in args.settings:
         setting = json.loads(text)
         ratios = draft_call_ratios(head, setting, args.kv_length, args.calls)
-        rows.append({"setting": setting, **ratios})
+        rows.append({"setting": json.dumps(setting), **ratios})
         print(f"{json.dumps(setting):<60} {ratios['back_to_back']:>12.3f}x {ratios['after_target_forward']:>22.3f}x")
-    if args.out:
-        from specgraft.utils.io import atomic_write_json
-
-        atomic_write_json(Path(args.out), {"head": args.head, "kv_length": args.kv_length, "calls": args.calls,
-                                           "threads": args.threads, "rows": rows})
+    write_result(args.result_name, rows,
+                 title="One drafting call of a trained head in one-token target forwards (ratio of summed times)",
+                 dtype="float32", threads=args.threads, results_dir=args.results_dir,
+                 details={"head": args.head, "target": args.target, "kv_length": args.kv_length, "calls": args.calls})
     return 0
 
 

@@ -17,42 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import sys
 from pathlib import Path
 
-SHARED = Path(os.environ.get("SPECGRAFT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-DOMAINS = ("once_upon", "dialogue", "narrative")
-QUOTES = ('"', "\u201c", "\u2018", "'")
-
-
-def domain_of(paragraph: str) -> str:
-    """once_upon / dialogue / narrative, from how a paragraph starts."""
-    if paragraph.startswith("Once upon a time"):
-        return "once_upon"
-    if paragraph.startswith(QUOTES):
-        return "dialogue"
-    return "narrative"
-
-
-def held_out_prompts(path: Path, per_domain: int) -> list[dict]:
-    """Up to ``per_domain`` prompts per domain: the first sentence of paragraphs taken from the END of the file."""
-    # Lines, not blank-line paragraphs: a new story's "Once upon a time" often follows the last one's final line.
-    paragraphs = [" ".join(line.split()) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows: list[dict] = []
-    counts = dict.fromkeys(DOMAINS, 0)
-    for index in range(len(paragraphs) - 1, -1, -1):
-        para = paragraphs[index]
-        match = re.match(r"(.+?[.!?][\"\u201d]?)(\s|$)", para)
-        domain = domain_of(para)
-        if not match or counts[domain] >= per_domain or len(match.group(1)) < 12:
-            continue
-        counts[domain] += 1
-        rows.append({"id": f"para{index}", "domain": domain, "prompt": match.group(1)})
-        if all(c >= per_domain for c in counts.values()):
-            break
-    return rows[::-1]
+from benchlib.results import add_result_arguments, write_result
+from benchlib.stages import eval_figures
+from benchlib.stories import TINYSTORIES, held_out_prompts, require_shared_data, stories260k_target, write_jsonl
 
 
 def main() -> int:
@@ -64,26 +34,31 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: a tiny model gains nothing)")
     parser.add_argument("--drafter", default="self", help="self or random (or use the CLI directly for others)")
+    add_result_arguments(parser, "eval-stories260k")
     args = parser.parse_args()
 
-    src = SHARED / "models" / "stories260K"
-    if not src.is_dir():
-        print(f"error: {src} is absent; this benchmark needs ../shared/data", file=sys.stderr)
-        return 2
+    require_shared_data(TINYSTORIES)
     from specgraft.cli import main as cli_main
-    from specgraft.llama2c import convert_llama2c
 
-    model_dir = args.out / "stories260K"
-    if not (model_dir / "config.json").is_file():
-        convert_llama2c(src / "stories260K.bin", src / "tok512.bin", model_dir)
-    rows = held_out_prompts(SHARED / "tinystories" / "tinystories_train.txt", args.per_domain)
-    prompts = args.out / "tinystories_prompts.jsonl"
-    prompts.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    print(f"{len(rows)} prompts in {prompts}")
-    return cli_main(["eval", "--target", str(model_dir), "--drafter", args.drafter, "--k", str(args.k),
+    args.out.mkdir(parents=True, exist_ok=True)
+    model_dir = stories260k_target(args.out / "stories260K")
+    prompts = write_jsonl(held_out_prompts(TINYSTORIES, args.per_domain), args.out / "tinystories_prompts.jsonl")
+    print(f"{len(prompts.read_text(encoding='utf-8').splitlines())} prompts in {prompts}")
+    code = cli_main(["eval", "--target", str(model_dir), "--drafter", args.drafter, "--k", str(args.k),
                      "--prompts", str(prompts), "--out", str(args.out / "report"),
                      "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats), "--warmup", "2",
                      "--device", "cpu", "--threads", str(args.threads)])
+    if code != 0:
+        return code
+    report = json.loads((args.out / "report" / "report.json").read_text(encoding="utf-8"))
+    sections = [*report["domains"].items(), ("overall", report["overall"])]
+    write_result(args.result_name, [{"drafter": f"{args.drafter} k={args.k}", "domain": domain, **eval_figures(d)}
+                                    for domain, d in sections],
+                 title=f"`specgraft eval` on stories260K, {args.drafter} drafter, held-out TinyStories prompts",
+                 dtype="float32", threads=args.threads, results_dir=args.results_dir,
+                 details={"max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                          "prompts_per_domain": args.per_domain})
+    return 0
 
 
 if __name__ == "__main__":

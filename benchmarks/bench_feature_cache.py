@@ -2,7 +2,7 @@
 
 For each ``training.feature_dtype`` in ``--dtypes`` (default: bfloat16, the uncompressed cache, and vq) and each
 training seed in ``--seeds``, trains the shipped ``recipes/eagle3/stories260k.yaml`` (or ``--recipe``) with
-``training.features=offline`` through the real ``specgraft train`` command line (``bench_heads_stories260k``'s
+``training.features=offline`` through the real ``specgraft train`` command line (``benchlib.stages``'
 ``train_one``: same data split, steps and batch for every run), then
 
 * reads the cache's bytes/token (every byte of it: shards, row offsets, codec tables) against EAGLE-1's full fp16
@@ -10,7 +10,7 @@ training seed in ``--seeds``, trains the shipped ``recipes/eagle3/stories260k.ya
 * decodes every compressed cache and compares it with the uncompressed cache of the same seed (same rows): the
   relative error ||x' - x|| / ||x|| per stored layer, and how often the target's top-1 token recomputed from the
   decoded last layer equals the one from the uncompressed layer (the soft targets' argmax),
-* evaluates each head on the held-out TinyStories prompts (``bench_eval_stories``' construction; greedy, tree mode)
+* evaluates each head on the held-out TinyStories prompts (``benchlib.stories``; greedy, tree mode)
   and records tau, tau per domain and the lossless check.
 
 Exits 1 when a lossless check fails.
@@ -27,15 +27,11 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from specgraft.utils.scripts import load_sibling
-
-
-def _bench_heads() -> ModuleType:
-    """The sibling benchmark whose data split and training runner this one reuses."""
-    return load_sibling(__file__, "bench_heads_stories260k")
+from benchlib.results import add_result_arguments, write_result
+from benchlib.stages import scratch_folder, train_one
+from benchlib.stories import prepare_stories260k
 
 
 def reconstruction(target: Any, reference_dir: Path, compressed_dir: Path) -> dict[str, Any]:
@@ -81,6 +77,7 @@ def main() -> int:
     parser.add_argument("--per-domain", type=int, default=6, help="held-out prompts per domain (3 domains)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the 2 cores are shared)")
+    add_result_arguments(parser, "feature-cache-stories260k")
     args = parser.parse_args()
 
     import torch
@@ -91,12 +88,9 @@ def main() -> int:
     from specgraft.heads.eagle.drafter import EagleDrafter
     from specgraft.target import load_target
 
-    heads = _bench_heads()
     started = time.perf_counter()
-    prepared = heads.prepare_stories260k(args)
-    if prepared is None:
-        return 2
-    work, model_dir, split = prepared
+    work = scratch_folder(args)
+    model_dir, split = prepare_stories260k(work, args.per_domain)
     torch.set_num_threads(args.threads)
     target = load_target(model_dir)
     prompts = load_prompts(split["prompts_file"])
@@ -106,9 +100,9 @@ def main() -> int:
     for seed in args.seeds:
         for dtype in args.dtypes:
             name = f"{dtype}-seed{seed}"
-            run = heads.train_one("eagle3", args.recipe, "offline", model_dir, split, work, args,
-                                  extra_overrides=(f"training.feature_dtype={dtype}", f"training.seed={seed}"),
-                                  run_name=name)
+            run = train_one("eagle3", args.recipe, "offline", model_dir, split, work, args,
+                            extra_overrides=(f"training.feature_dtype={dtype}", f"training.seed={seed}"),
+                            run_name=name)
             s = run.pop("summary")
             head = load_head(target, run["head_dir"])
             head.eval()
@@ -149,6 +143,20 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, result)
     print(f"wrote {args.out}")
+    figures = []
+    for r in runs:
+        c, rec = r["cache"], r.get("reconstruction", {})
+        errors = rec.get("relative_error_by_layer", {})
+        figures.append({"feature_dtype": r["dtype"], "seed": r["seed"],
+                        "cache_bytes_per_token": c["feature_cache_bytes_per_token"],
+                        "eagle1_fp16_bytes_per_token": c["eagle1_fp16_bytes_per_token"],
+                        "max_relative_error": max(errors.values()) if errors else None,
+                        "top1_agreement_last_layer": rec.get("top1_agreement_last_layer"),
+                        "tau": r["tau"], "lossless": r["lossless_check"]})
+    write_result(args.result_name, figures,
+                 title="Compressed offline feature caches for EAGLE-3 on stories260K: bytes/token, error, tau",
+                 dtype="float32", threads=args.threads, results_dir=args.results_dir,
+                 details={"summary": summary, "settings": result["settings"], "full_record": str(args.out)})
     return 0 if result["all_lossless"] else 1
 
 

@@ -38,75 +38,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
-
-
-@dataclass(frozen=True)
-class BenchSize:
-    vocab: int
-    hidden: int
-    layers: int
-    attention_heads: int
-    kv_heads: int
-    intermediate: int
-    sequences: int
-    seq_len: int
-
-
-SIZES = {
-    # The peers' harness target (../shared/peers/common/make_tiny.py): the same shapes, so a side-by-side ratio
-    # compares the same work (its MLP width is 128; an earlier 172 made our target and draft layers 34% wider).
-    "tiny": BenchSize(vocab=512, hidden=64, layers=2, attention_heads=4, kv_heads=2, intermediate=128,
-                      sequences=4, seq_len=256),
-    # SmolLM2-135M-Instruct's width, heads and vocabulary (its config.json), 4 of its 30 layers.
-    "smollm2": BenchSize(vocab=49152, hidden=576, layers=4, attention_heads=9, kv_heads=3, intermediate=1536,
-                         sequences=1, seq_len=2048),
-}
-HEADS, TTT_STEPS, DRAFT_LAYERS = 3, 3, 1
-
-
-def build_target(size: BenchSize):
-    from specgraft.target import Target
-    from specgraft.testing import tiny_model
-
-    torch.manual_seed(0)
-    return Target(tiny_model("llama", vocab_size=size.vocab, hidden_size=size.hidden, num_hidden_layers=size.layers,
-                             num_attention_heads=size.attention_heads, num_key_value_heads=size.kv_heads,
-                             intermediate_size=size.intermediate, max_position_embeddings=max(1024, size.seq_len)))
-
-
-ALGORITHMS = ("medusa", "eagle", "eagle3", "dflash")
-
-
-def head_config(algorithm: str, size: BenchSize):
-    """The head section of ``algorithm`` (one of :data:`ALGORITHMS`) at the benchmark's draft size."""
-    from specgraft.heads.dflash.config import DFlashConfig
-    from specgraft.heads.eagle.config import EagleConfig
-    from specgraft.heads.eagle3.config import Eagle3Config
-    from specgraft.heads.medusa.config import MedusaConfig
-
-    if algorithm == "eagle3":
-        return Eagle3Config(num_layers=DRAFT_LAYERS, ttt_steps=TTT_STEPS,
-                            feature_layers=[0, size.layers // 2, size.layers])
-    if algorithm == "eagle":  # EAGLE-1/2 as the EAGLE repo trains it: one pass (no HASS unrolling)
-        return EagleConfig(num_layers=DRAFT_LAYERS)
-    if algorithm == "medusa":
-        return MedusaConfig(num_heads=HEADS, num_layers=DRAFT_LAYERS)
-    if algorithm == "dflash":  # defaults: block 8, up to 512 anchors per sequence; ids 0-2 never occur in the data
-        return DFlashConfig(num_layers=DRAFT_LAYERS, mask_token_id=0)
-    raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
-
-
-def make_dataset(size: BenchSize, num_sequences: int, seed: int = 0):
-    import datasets
-
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, size.vocab, (num_sequences, size.seq_len), generator=gen)
-    ones = [[1] * size.seq_len] * num_sequences
-    return datasets.Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": ones, "loss_mask": ones})
+from benchlib.results import add_result_arguments, write_result
+from benchlib.synthetic import ALGORITHMS, SIZES, BenchSize, build_target, head_config, make_dataset
 
 
 def measure_training(algorithm: str, features: str, size: BenchSize, steps: int, compile_layers: bool = False) -> dict:
@@ -201,8 +138,8 @@ def main() -> None:
     parser.add_argument("--peer", action="append", type=parse_peer, default=[], metavar="NAME=TOKENS_PER_S",
                         help="A peer's tokens/s measured side by side in this session (only with one algorithm and "
                              "one features mode); prints our ratio to it.")
-    parser.add_argument("--json", help="Also write the results to this JSON file.")
     parser.add_argument("--child", nargs=2, metavar=("ALGORITHM", "FEATURES"), help=argparse.SUPPRESS)
+    add_result_arguments(parser, "", default_help="head-training-SIZE, with --loss-memory head-loss-memory-SIZE")
     args = parser.parse_args()
     if args.peer and len(args.algorithms) * len(args.features) != 1:
         parser.error("--peer compares with one configuration: give one --algorithms and one --features")
@@ -246,8 +183,14 @@ def main() -> None:
                 line += f"  {row['tokens_per_s'] / peer_tokens_per_s:.2f}x {name} ({peer_tokens_per_s:,.0f})"
             print(line, flush=True)
         rows.append(row)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    what = "head loss alone (forward + backward, one batch)" if args.loss_memory else "head training throughput"
+    default_name = f"head-loss-memory-{args.size}" if args.loss_memory else f"head-training-{args.size}"
+    figures = [{k: v for k, v in row.items() if k != "peers"}
+               | {f"ratio_to_{name}": peer["ratio"] for name, peer in row.get("peers", {}).items()} for row in rows]
+    write_result(args.result_name or default_name, figures,
+                 title=f"{what}, {args.size} target ({args.steps} steps, random weights)", dtype="float32",
+                 threads=args.threads, results_dir=args.results_dir,
+                 details={"size": asdict(size), "peers_measured_side_by_side": dict(args.peer)})
 
 
 if __name__ == "__main__":

@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from specgraft.utils.scripts import parse_run_overrides
+from benchlib.results import add_result_arguments, write_result
+from benchlib.stages import StageLog, eval_figures, parse_run_overrides, run_stage, specgraft
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -43,41 +41,6 @@ RECIPES = {"eagle3": ("train", "recipes/eagle3/smollm2-135m-instruct.yaml", "hea
            "dflash": ("train", "recipes/dflash/smollm2-135m-instruct.yaml", "head"),
            "medusa": ("train", "recipes/medusa/smollm2-135m-instruct.yaml", "head"),
            "distill": ("distill", "recipes/distill/smollm2-135m-instruct.yaml", "draft")}
-
-
-def run_stage(name: str, cmd: list[str], log: Path) -> dict[str, Any]:
-    """Run one specgraft command, its output to ``log``; returns wall time, the child's CPU time (user + system:
-    what a loaded shared machine does not inflate) and its peak RSS (MiB)."""
-    print(f"[{name}] {' '.join(cmd)}", flush=True)
-    start = time.perf_counter()
-    with log.open("a", encoding="utf-8") as sink:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        sys.exit(f"error: stage {name} failed with exit status {code}; see {log} (rerun to continue)")
-    return {"seconds": round(seconds, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
-            "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
-
-
-class StageLog(dict):
-    """Stage timings kept in ``WORK/stages.json`` across runs (a resumed benchmark still reports every stage)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {})
-        self.path = path
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        super().__setitem__(key, value)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self, indent=2), encoding="utf-8")
-        tmp.replace(self.path)
-
-
-def specgraft(*args: str) -> list[str]:
-    return [sys.executable, "-m", "specgraft", *args]
 
 
 def prepare(work: Path, args: argparse.Namespace, stages: dict[str, Any]) -> tuple[Path, Path]:
@@ -267,6 +230,7 @@ def main() -> None:
     parser.add_argument("--attention-kernel", choices=("stock", "exact"), default="stock",
                         help="the evals' target attention: exact makes bf16 answers token-identical to plain "
                              "decoding (specgraft.eval.exact_attention)")
+    add_result_arguments(parser, "smollm2")
     args = parser.parse_args()
     args.override = parse_run_overrides(args.override, RECIPES)
     if not SPEC_BENCH.is_file():
@@ -297,6 +261,20 @@ def main() -> None:
     tmp.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
     tmp.replace(out)
     print(f"\nsummary: {out}")
+    evals = [{"drafter_setting": name, "mt_bench_tau": e["mt_bench"]["tau"],
+              "mt_bench_speedup_ratio_of_totals": e["mt_bench"]["speedup"],
+              "mt_bench_lossless": f"{e['mt_bench']['lossless']}/{e['mt_bench']['turns']}",
+              **{f"spec_bench_{k}": v for k, v in eval_figures(e["overall"]).items()}}
+             for name, e in summary["evals"].items()]
+    training = [{"stage": name, "wall_s": stage["seconds"], "cpu_s": stage.get("cpu_s"),
+                 "peak_rss_mib": stage["peak_rss_mib"],
+                 "tokens_per_s": stage.get("train_summary", {}).get("tokens_per_s")}
+                for name, stage in stages.items()]
+    write_result(args.result_name, {"evals": evals, "stages": training},
+                 title=f"SmolLM2-135M-Instruct end to end: {args.conversations} regenerated ShareGPT conversations, "
+                       f"drafters {', '.join(args.drafters)}, Spec-Bench and its MT-bench subset",
+                 dtype=args.dtype, threads=args.threads, results_dir=args.results_dir,
+                 details={"settings": {k: str(v) for k, v in vars(args).items()}, "summary": str(out)})
 
 
 if __name__ == "__main__":

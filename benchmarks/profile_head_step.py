@@ -20,7 +20,8 @@ import time
 from collections import defaultdict
 
 import torch
-from bench_head_training import ALGORITHMS, SIZES, build_target, head_config, make_dataset
+from benchlib.results import add_result_arguments, write_result
+from benchlib.synthetic import ALGORITHMS, SIZES, build_target, head_config, make_dataset
 
 PHASES = ("data", "target forward", "draft layers forward", "loss", "backward", "optimizer", "host reads")
 
@@ -101,17 +102,24 @@ def main() -> None:
     parser.add_argument("--features", nargs="+", default=["online"], choices=["online", "offline"])
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
+    add_result_arguments(parser, "", default_help="head-step-profile-SIZE")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(args.threads)
     print(f"size {args.size}, {args.threads} thread(s); median ms per step (share of the step)")
     print(f"{'algorithm/features':<18} " + " ".join(f"{p:>22}" for p in PHASES))
+    figures = []
     for algorithm in args.algorithms:
         for features in args.features:
             split = profile(algorithm, features, args.size, args.steps)
             total = sum(split.values())
             cells = " ".join(f"{1e3 * split[p]:>13.2f} ({100 * split[p] / total:4.1f}%)" for p in PHASES)
             print(f"{algorithm + '/' + features:<18} {cells}   total {1e3 * total:.1f} ms", flush=True)
+            figures.append({"algorithm": algorithm, "features": features, "total_ms": 1e3 * total,
+                            **{f"{p.replace(' ', '_')}_ms": 1e3 * split[p] for p in PHASES}})
+    write_result(args.result_name or f"head-step-profile-{args.size}", figures,
+                 title=f"Where one head-training step's time goes, {args.size} target (median ms over "
+                       f"{args.steps - 1} steps)", dtype="float32", threads=args.threads, results_dir=args.results_dir)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         # Run from a source checkout without `pip install`: the package sits beside this scripts/ folder.
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from specgraft.commands.convert_llama2c import add_arguments, run
     from specgraft.errors import SpecgraftError
-    from specgraft.llama2c import add_arguments, run
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)

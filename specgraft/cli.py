@@ -1,7 +1,9 @@
 """The ``specgraft`` command line: one entry point, a subcommand per capability.
 
-Subcommand modules are imported only when used (``specgraft --help`` stays fast). Each module exposes
-``add_arguments(parser)`` and ``run(args) -> int``; its docstring's first line is the subcommand's help.
+Subcommand modules are imported only when used, and a subcommand's parser module imports no heavy library:
+``specgraft --help`` and ``specgraft CMD --help`` never load torch (tests/test_cli_startup.py). Each module exposes
+``add_arguments(parser)`` and ``run(args) -> int``; the commands whose implementation is heavy have theirs in
+:mod:`specgraft.commands`, whose ``run`` imports the implementation. The one-line help is :data:`COMMANDS`'.
 A :class:`~specgraft.errors.SpecgraftError` is printed as one ``error:`` line (exit 2), never a traceback. So are
 the environment's errors (an ``OSError``: disk full, permission denied, a path component that is a file, a name too
 long) and the errors libraries raise on input they reject (``ValueError``, ``RuntimeError``, ...): those get the
@@ -26,19 +28,22 @@ from specgraft.errors import SpecgraftError
 
 #: subcommand -> (module, one-line help). The help is duplicated here so `--help` needs no heavy imports.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("specgraft.train.cli", "Train draft heads (Medusa, EAGLE-1/2, EAGLE-3) from a YAML recipe."),
+    "train": ("specgraft.train.cli", "Train a draft head (Medusa-1/2, EAGLE-1/2, EAGLE-3, DFlash) from a YAML recipe."),
     "distill": ("specgraft.distill.cli", "Distill a standalone draft model on the target's outputs."),
-    "eval": ("specgraft.eval.cli", "Measure tau, acceptance and speedup per domain with the lossless decoder."),
+    "eval": ("specgraft.commands.eval", "Measure tau, acceptance and speedup per domain with the lossless decoder."),
     "simulate": ("specgraft.eval.simulate", "Predict tau and speedup for another setting from closed forms."),
-    "profile": ("specgraft.eval.cost", "Measure this device's cost of verifying N tokens and of each drafter."),
-    "tune": ("specgraft.eval.tune", "Choose the fastest tree/draft length for this device and confirm it."),
-    "export": ("specgraft.export.cli", "Export a head for vLLM, SGLang, TensorRT-LLM or llama.cpp."),
-    "push": ("specgraft.export.push", "Upload an exported head folder to the Hugging Face Hub."),
-    "regenerate": ("specgraft.data.regenerate", "Rewrite assistant turns with the target (self-distillation data)."),
-    "convert-llama2c": ("specgraft.llama2c", "Convert a llama2.c checkpoint + tokenizer to a transformers folder."),
+    "profile": ("specgraft.commands.profile", "Measure this device's cost of verifying N tokens and of each drafter."),
+    "tune": ("specgraft.commands.tune", "Choose the fastest draft setting for this device and measure it."),
+    "export": ("specgraft.commands.export",
+               "Export a head for vLLM, SGLang, TensorRT-LLM or llama.cpp (or the native layout)."),
+    "push": ("specgraft.commands.push", "Upload an exported head folder to the Hugging Face Hub."),
+    "regenerate": ("specgraft.commands.regenerate",
+                   "Rewrite assistant turns with the target (self-distillation data)."),
+    "convert-llama2c": ("specgraft.commands.convert_llama2c",
+                        "Convert a llama2.c checkpoint + tokenizer to a transformers folder."),
     "convert-gguf": ("specgraft.gguf", "Convert a .gguf file (dequantized) to a transformers folder."),
     "recipe": ("specgraft.recipe_cli", "Validate recipes and print the fully resolved configuration."),
-    "demo": ("specgraft.demo", "Run the end-to-end demo on the embedded default target (CPU, no downloads)."),
+    "demo": ("specgraft.demo", "Run the end-to-end demo: train, evaluate, tune and export every drafter (CPU)."),
 }
 
 

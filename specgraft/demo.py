@@ -140,7 +140,7 @@ def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: se
                    f"on its own greedy continuations (up to {budget.continuation_tokens} tokens) of {num_prompts} "
                    "prompts from its training corpus")
     return write_summary(out, results, exports, elapsed, target_line, tuning,
-                          title="specgraft demo: per-domain acceptance and speedup on the embedded default target")
+                          title="specgraft demo, embedded default target: default vs tuned speedup")
 
 
 def write_demo_data(data_dir: Path, budget: DemoBudget, target: Target | None = None) -> tuple[Path, Path]:

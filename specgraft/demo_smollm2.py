@@ -240,5 +240,5 @@ def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = Non
              "DFlash is not part of this demo: at this budget it does not pay on a CPU "
              "(`benchmarks/bench_dflash.py` measures it)")
     return write_summary(out, results, exports, elapsed, f"SmolLM2-135M-Instruct (float32, `{target_path}`)",
-                          tuning, title="specgraft demo: per-domain acceptance and speedup on SmolLM2-135M-Instruct",
+                          tuning, title="specgraft demo, SmolLM2-135M-Instruct: default vs tuned speedup",
                           notes=notes)

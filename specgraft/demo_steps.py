@@ -4,6 +4,7 @@ SmolLM2-135M-Instruct): train and evaluate each drafter, tune them for the machi
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -206,11 +207,15 @@ def tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, p
             label += (f"; the best drafting setting, {setting_label(kind, best.setting)}, predicted "
                       f"{_num(best.speedup)}x, measured {_num((measured_best or {}).get('speedup_ratio_of_totals'))}x")
         tuned[name] = {"setting": label,
-                       "default": setting_label(kind, outcome.default.setting) if outcome.default else "default",
+                       "default": setting_label(kind, outcome.default.setting) if outcome.default else
+                       _drafter_label(result["report"]["drafter"]),
                        "predicted": outcome.chosen.speedup,
                        "predicted_default": outcome.default.speedup if outcome.default else None,
                        "measured": (outcome.measured.get("tuned") or {}).get("speedup_ratio_of_totals"),
                        "measured_default": (outcome.measured.get("default") or {}).get("speedup_ratio_of_totals"),
+                       "tau": (outcome.measured.get("tuned") or {}).get("tau"),
+                       "tau_default": (outcome.measured.get("default") or {}).get("tau"),
+                       "lossless": (outcome.measured.get("tuned") or {}).get("lossless_check"),
                        "report_dir": outcome.report_dir("tuned") or out / "tune" / name.replace(" ", "_") / "tuned"}
     return tuned
 
@@ -237,17 +242,39 @@ def export_heads(out: Path, results: dict[str, dict[str, Any]]) -> dict[str, Pat
 
 
 def write_summary(out: Path, results: dict[str, dict[str, Any]], exports: dict[str, Path], elapsed: float,
-                   target_line: str, tuning: dict[str, dict[str, Any]] | None = None, *,
-                   title: str, notes: tuple[str, ...] = ()) -> dict[str, Any]:
+                  target_line: str, tuning: dict[str, dict[str, Any]] | None = None, *,
+                  title: str, notes: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Write summary.md, summary.png and summary.json: first each drafter's default and tuned setting with their
+    measured speedups side by side, then the per-domain figures; returns the printed text and the JSON data."""
+    tuning = tuning or {}
     seen = {d for r in results.values() for d in r["report"]["domains"]}
     # the corpus's order (most to least predictable by design), then anything else
     domains = [d for d in DOMAINS if d in seen] + sorted(seen - set(DOMAINS))
+    headline = [_headline_row(name, result, tuning.get(name)) for name, result in results.items()]
     lines = ["# specgraft demo", "",
              f"Target: {target_line}.",
              f"Total time: {elapsed / 60:.1f} min. Every speedup is wall-clock on this CPU against plain decoding "
-             "of the same target in the same process; every answer is in the drafter's answers.jsonl.", "",
-             "| drafter | domain | tau | speedup (mean of ratios) | speedup (ratio of totals) | lossless |",
-             "|---|---|---:|---:|---:|---|"]
+             "of the same target in the same process (ratio of total times); every answer is in the drafter's "
+             "answers.jsonl.", "",
+             "## Speedup on this machine: default and tuned settings", "",
+             "Each drafter ran first at its family's default setting (sized for a GPU, where verifying many tokens "
+             "costs about one forward). `specgraft tune` then measured this machine's costs (`cost_profile.json`), "
+             "predicted every setting's speed from the default run's acceptance statistics, and measured the "
+             "setting it chose the same way (plain and speculative decoding interleaved per prompt). The tuned "
+             "setting is what `specgraft eval` and the exports use from now on (`tuned.json` beside each drafter).",
+             "",
+             "| drafter | default setting | tau | speedup | tuned setting | tau | speedup (predicted) | lossless "
+             "(tuned) |", "|---|---|---:|---:|---|---:|---:|---|"]
+    for row in headline:
+        tuned = f"**{_num(row['tuned_speedup'])}x** ({_num(row['tuned_predicted'])}x)" \
+            if row["tuned_setting"] else "-"
+        setting = row["tuned_setting"] or "not tuned (no search for this family)"
+        lines.append(f"| {row['drafter']} | {row['default_setting']} | {_num(row['default_tau'])} | "
+                     f"{_num(row['default_speedup'])}x | {setting} | {_num(row['tuned_tau'])} | {tuned} | "
+                     f"{str(row['tuned_lossless'] or '-').split(' (')[0]} |")
+    lines += ["", "## Per domain, default settings", "",
+              "| drafter | domain | tau | speedup (mean of ratios) | speedup (ratio of totals) | lossless |",
+              "|---|---|---:|---:|---:|---|"]
     table = []
     for name, result in results.items():
         rep = result["report"]
@@ -260,67 +287,107 @@ def write_summary(out: Path, results: dict[str, dict[str, Any]], exports: dict[s
             table.append(row)
             lines.append(f"| {name} | {domain} | {_num(row[2])} | {_num(row[3])}x | {_num(row[4])}x | "
                          f"{str(row[5]).split(' (')[0]} |")
-    if tuning:
-        lines += ["", "## Tuned for this machine (`specgraft tune`)", "",
-                  "The table above is each drafter at its default (GPU-sized) setting. `specgraft tune` measured this "
-                  "machine's costs (`cost_profile.json`), predicted every setting's speed from the default run's "
-                  "acceptance statistics, and the tuned setting was then measured like the default (plain and "
-                  "speculative decoding interleaved per prompt in one process).", "",
-                  "| drafter | default setting | default speedup (pred / measured) | tuned setting | tuned speedup "
-                  "(pred / measured) |", "|---|---|---:|---|---:|"]
-        for name, t in tuning.items():
-            lines.append(f"| {name} | {t['default']} | {_num(t['predicted_default'])}x / {_num(t['measured_default'])}x"
-                         f" | {t['setting']} | {_num(t['predicted'])}x / {_num(t['measured'])}x |")
     lines += ["", "## Where things are", ""]
     for name, result in results.items():
         lines.append(f"- {name}: report `{result['report_dir'] / 'report.md'}`"
-                     + (f", head `{result['head_dir']}`" if result["head_dir"] else ""))
+                     + (f", head `{result['head_dir']}`" if result["head_dir"] else "")
+                     + (f", tuned run `{tuning[name]['report_dir']}`" if name in tuning else ""))
     for name, path in exports.items():
         lines.append(f"- export {name}: `{path}`")
     lines += [f"- {note}" for note in notes]
-    plot = _plot(out, results, domains, title)
+    plot = _plot(out, results, tuning, headline, domains, title)
     if plot is not None:
-        lines += ["", f"![tau and speedup per domain]({plot.name})"]
+        lines += ["", f"![default and tuned speedups, tuned speedup per domain]({plot.name})"]
     text = "\n".join(lines) + "\n"
     atomic_write_text(out / "summary.md", text)
-    data = {"elapsed_s": elapsed, "rows": [dict(zip(("drafter", "domain", "tau", "speedup_mean_of_ratios",
-                                                     "speedup_ratio_of_totals", "lossless"), r)) for r in table],
+    data = {"elapsed_s": elapsed, "headline": headline,
+            "rows": [dict(zip(("drafter", "domain", "tau", "speedup_mean_of_ratios",
+                               "speedup_ratio_of_totals", "lossless"), r)) for r in table],
             "exports": {k: str(v) for k, v in exports.items()},
             "tuning": {k: {kk: (str(vv) if isinstance(vv, Path) else vv) for kk, vv in v.items()}
-                       for k, v in (tuning or {}).items()}}
+                       for k, v in tuning.items()}}
     atomic_write_json(out / "summary.json", data)
     printed = text + f"\nsummary: {out / 'summary.md'}" + (f"\nplot: {plot}" if plot else "")
     return {"text": printed, **data}
+
+
+def _headline_row(name: str, result: dict[str, Any], tuned: dict[str, Any] | None) -> dict[str, Any]:
+    """One drafter's default and tuned setting with their measured tau and speedup (overall)."""
+    overall = result["report"]["overall"]
+    tuned = tuned or {}
+    return {"drafter": name,
+            "default_setting": tuned.get("default") or _drafter_label(result["report"]["drafter"]),
+            "default_tau": tuned.get("tau_default", overall.get("tau")),
+            "default_speedup": tuned.get("measured_default", overall.get("speedup_ratio_of_totals")),
+            "tuned_setting": tuned.get("setting"), "tuned_tau": tuned.get("tau"),
+            "tuned_speedup": tuned.get("measured"), "tuned_predicted": tuned.get("predicted"),
+            "tuned_lossless": tuned.get("lossless")}
+
+
+def _drafter_label(drafter: dict[str, Any]) -> str:
+    """A setting as report.json's ``drafter`` section records it: ``tree of 64 tokens, depth 2`` / ``chain of 4``."""
+    if drafter.get("mode") == "chain":
+        return f"chain of {drafter.get('k')}"
+    label = f"tree of {drafter.get('tree_size')} tokens, depth {drafter.get('k')}"
+    return label + (f", top-{drafter['top_k']}" if drafter.get("top_k") else "")
 
 
 def _num(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, (int, float)) else "-"
 
 
-def _plot(out: Path, results: dict[str, dict[str, Any]], domains: list[str], title: str) -> Path | None:
+def _tuned_domains(tuned: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The per-domain figures of a drafter's tuned run (its report.json), or None when it has none."""
+    report = Path(tuned["report_dir"]) / "report.json" if tuned and tuned.get("report_dir") else None
+    if report is None or not report.is_file():
+        return None
+    return json.loads(report.read_text(encoding="utf-8")).get("domains")
+
+
+def _plot(out: Path, results: dict[str, dict[str, Any]], tuning: dict[str, dict[str, Any]],
+          headline: list[dict[str, Any]], domains: list[str], title: str) -> Path | None:
+    """summary.png: overall speedup at the default and the tuned setting per drafter (left), and the speedup per
+    domain at the setting the drafter now uses (right: the tuned one, or the default when it was not tuned)."""
     if not results or not domains:
         return None
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, (overall_ax, domain_ax) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1, 1.3]})
+    xs = range(len(headline))
+    highest = 1.0
+    for offset, key, label, color in ((-0.2, "default_speedup", "default setting", "#b0b0b0"),
+                                      (0.2, "tuned_speedup", "tuned for this machine", "#2b7bba")):
+        values = [float(row[key]) if isinstance(row[key], (int, float)) else 0.0 for row in headline]
+        highest = max(highest, *values)
+        bars = overall_ax.bar([x + offset for x in xs], values, 0.4, label=label, color=color)
+        overall_ax.bar_label(bars, labels=[f"{v:.2f}x" if v else "" for v in values], fontsize=8)
+    # the plain-decoding choice reads "plain decoding (no drafting); the best drafting setting, ...": keep its head
+    tuned = [(row["tuned_setting"] or "not tuned").split(";")[0].replace(" (no drafting)", "") for row in headline]
+    ticks = [f"{row['drafter']}\n" + textwrap.fill(f"default: {row['default_setting']}", 20) + "\n"
+             + textwrap.fill(f"tuned: {setting}", 20) for row, setting in zip(headline, tuned)]
+    overall_ax.set_xticks(list(xs), ticks, fontsize=7)
+    overall_ax.set_ylim(0, highest * 1.3)  # room for the legend above the bars
+    overall_ax.set_ylabel("speedup vs plain decoding (overall)")
+    overall_ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    overall_ax.legend(fontsize=8, loc="upper left", ncol=2)
+
     names = list(results)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     width = 0.8 / len(names)
-    for ax, key, title in ((axes[0], "tau", "tau (tokens per target forward)"),
-                           (axes[1], "speedup_ratio_of_totals", "wall-clock speedup vs plain decoding")):
-        for i, name in enumerate(names):
-            doms = results[name]["report"]["domains"]
-            values = [float(doms.get(d, {}).get(key) or 0.0) for d in domains]
-            xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(domains))]
-            bars = ax.bar(xs, values, width, label=name)
-            ax.bar_label(bars, fmt="%.2f", fontsize=7)
-        ax.set_xticks(range(len(domains)), domains)
-        ax.set_title(title)
-        if key != "tau":
-            ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    axes[0].legend(fontsize=8)
+    for i, name in enumerate(names):
+        per_domain = _tuned_domains(tuning.get(name)) or results[name]["report"]["domains"]
+        values = [float((per_domain.get(d) or {}).get("speedup_ratio_of_totals") or 0.0) for d in domains]
+        positions = [j + (i - (len(names) - 1) / 2) * width for j in range(len(domains))]
+        bars = domain_ax.bar(positions, values, width, label=name)
+        domain_ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    domain_ax.set_xticks(range(len(domains)), domains)
+    domain_ax.set_ylabel("speedup per domain, tuned setting\n(the best drafting one where plain was chosen)")
+    domain_ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    domain_ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     path = out / "summary.png"

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from specgraft import llama2c
+from specgraft.commands import convert_llama2c as convert_command
 from specgraft.errors import SpecgraftError
 from specgraft.llama2c import (
     convert_llama2c,
@@ -289,7 +290,7 @@ def test_bad_tokenizer_raises(tiny_files, tmp_path):
 def test_cli_module_and_script(tiny_files, tmp_path, capsys):
     ckpt, tok_path = tiny_files
     parser = argparse.ArgumentParser()
-    llama2c.add_arguments(parser)
+    convert_command.add_arguments(parser)
     out = tmp_path / "cli_out"
     assert llama2c.run(parser.parse_args([str(ckpt), str(tok_path), "--out", str(out)])) == 0
     n_params = load_llama2c_model(ckpt).num_parameters()

@@ -5,10 +5,18 @@ The package does not re-export ``regenerate``: the name belongs to the submodule
 (``from specgraft.data.regenerate import regenerate``), which ``python -m`` must be able to run.
 """
 
-from specgraft.data.collate import pad_collate, token_frequencies
-from specgraft.data.dataset import build_dataset
-from specgraft.data.readers import load_records
-from specgraft.data.tokenize import prompt_ids, tokenize_conversation, tokenize_text
+from specgraft.utils.lazy import lazy_exports
+
+_EXPORTS = {
+    "pad_collate": "collate",
+    "token_frequencies": "collate",
+    "build_dataset": "dataset",
+    "load_records": "readers",
+    "prompt_ids": "tokenize",
+    "tokenize_conversation": "tokenize",
+    "tokenize_text": "tokenize",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "build_dataset",

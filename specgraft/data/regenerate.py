@@ -38,13 +38,12 @@ from specgraft.utils.io import atomic_path, atomic_write_json
 from specgraft.utils.models import load_tokenizer
 from specgraft.utils.outputs import file_lock, refuse_inputs
 from specgraft.utils.seeds import derive_seed
-from specgraft.utils.threads import add_threads_argument, set_torch_threads
+from specgraft.utils.threads import set_torch_threads
 
 logger = logging.getLogger(__name__)
 
 #: Rows read ahead and sorted by length, so batches hold similar lengths (less padding).
 WINDOW_BATCHES = 16
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -83,32 +82,6 @@ class RegenerateStats:
 
 # ---------------------------------------------------------------------------------------------------------------
 # CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``specgraft regenerate``."""
-    parser.add_argument("--model", required=True, help="Target model: a local folder (save_pretrained) or Hub id.")
-    parser.add_argument("--data", required=True, help="Conversations: ShareGPT/messages JSON(L), or a saved dataset.")
-    parser.add_argument("--out", required=True, help="Output JSONL file (resumable: rerun the same command).")
-    parser.add_argument("--format", default="auto", choices=("auto", "sharegpt", "messages", "disk"),
-                        help="Input format (default: detected).")
-    parser.add_argument("--batch-size", type=int, default=8, help="Conversations generated together (default 8).")
-    parser.add_argument("--max-new-tokens", type=int, default=512, help="Longest reply in tokens (default 512).")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples.")
-    parser.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling mass when sampling (default 1).")
-    parser.add_argument("--seed", type=int, default=0, help="Seed for --num-samples selection and sampling.")
-    parser.add_argument("--num-samples", type=int, default=None, help="Regenerate only this many (seeded) rows.")
-    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                        help="Weights dtype (auto: bfloat16 on a GPU that supports it, float32 otherwise).")
-    parser.add_argument("--system-prompt", default=None, help="Prepended as a system turn where none exists.")
-    parser.add_argument("--no-chat-template", action="store_true",
-                        help="Use plain User:/Assistant: lines even if the tokenizer has a chat template.")
-    parser.add_argument("--first-reply-only", action="store_true",
-                        help="Rewrite only each conversation's first assistant reply and drop the turns after it "
-                             "(they answered the old reply); one generation per conversation instead of one per turn.")
-    parser.add_argument("--no-progress", action="store_true",
-                        help="Hide the progress bar (per-batch timings still show with `specgraft -v`).")
-    add_threads_argument(parser)
 
 
 def _check_out_path(out: Path, inputs: list[Any]) -> None:

@@ -9,19 +9,17 @@
 ``specgraft distill RECIPE`` (:mod:`specgraft.distill.cli`) runs a recipe from ``recipes/distill/``.
 """
 
-from specgraft.distill.losses import (
-    LOSS_NAMES,
-    alpha_exact,
-    distill_loss,
-    forward_kl,
-    generalized_jsd,
-    reverse_kl,
-    top1_agreement,
-    top1_cross_entropy,
-    total_variation,
-)
-from specgraft.distill.output import DRAFT_META, draft_drafter, load_draft, save_draft
-from specgraft.distill.student import Student, build_student, load_student, student_from_target
+from specgraft.utils.lazy import lazy_exports
+
+_EXPORTS = {
+    **dict.fromkeys(("LOSS_NAMES", "alpha_exact", "distill_loss", "forward_kl", "generalized_jsd", "reverse_kl",
+                     "top1_agreement", "top1_cross_entropy", "total_variation"), "losses"),
+    **dict.fromkeys(("DRAFT_META", "draft_drafter", "load_draft", "save_draft"), "output"),
+    **dict.fromkeys(("Student", "build_student", "load_student", "student_from_target"), "student"),
+    # The trainer pulls in accelerate and the data stack, like every name here: imported when asked for.
+    "DistillTrainer": "trainer",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "DRAFT_META",
@@ -43,11 +41,3 @@ __all__ = [
     "total_variation",
 ]
 
-
-def __getattr__(name: str):
-    # The trainer pulls in accelerate and the data stack: import it only when asked for.
-    if name == "DistillTrainer":
-        from specgraft.distill.trainer import DistillTrainer
-
-        return DistillTrainer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

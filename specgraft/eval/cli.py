@@ -25,73 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError
-from specgraft.eval.exact_attention import add_attention_kernel_argument, apply_attention_kernel
-from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kernel
+from specgraft.eval.exact_attention import apply_attention_kernel
+from specgraft.eval.kernels import apply_linear_kernel
 from specgraft.eval.loading import check_device, device_and_dtype, load_draft_model  # noqa: F401 (re-exported)
-from specgraft.eval.settings import EvalSettings
-from specgraft.utils.args import int_list
+from specgraft.eval.settings import DEFAULT_K, EvalSettings
 from specgraft.utils.outputs import check_output, writing_output
-from specgraft.utils.threads import add_threads_argument
 
 logger = logging.getLogger(__name__)
 
-#: Built-in drafters selectable with --drafter.
-BUILTIN_DRAFTERS = ("self", "random")
-#: Draft length of the built-in and draft-model drafters when --k is not given.
-DEFAULT_K = 4
 #: Branching of the first levels when a draft model / self drafter is asked for a tree without --branching.
 DEFAULT_BRANCHING = (2, 2)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``specgraft eval``."""
-    parser.add_argument("--target", required=True, help="target model: a transformers folder or Hub id")
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--head", type=Path, help="trained head folder (medusa, eagle or eagle3)")
-    which.add_argument("--draft", help="draft model folder (same vocabulary and tokenizer as the target)")
-    which.add_argument("--drafter", choices=BUILTIN_DRAFTERS, help="built-in drafter: self or random")
-    parser.add_argument("--prompts", nargs="+", required=True, type=Path,
-                        help="prompt files: FastChat question.jsonl, HumanEval .jsonl.gz, GSM8K, self-instruct or "
-                             "any JSONL with a prompt and a domain field")
-    parser.add_argument("--out", type=Path, required=True, help="output folder for the report (must be empty)")
-    parser.add_argument("--overwrite", action="store_true", help="replace the report in a non-empty --out folder")
-    parser.add_argument("--domain-field", help="JSON field that names each prompt's domain")
-    parser.add_argument("--prompt-field", help="JSON field holding the prompt text (reads files as generic JSONL)")
-    parser.add_argument("--limit-per-domain", type=int, help="evaluate only the first N prompts of each domain")
-    parser.add_argument("--k", type=int, help=f"draft depth (default {DEFAULT_K} for self/random/--draft, the "
-                                              "number of heads for Medusa, 6 for EAGLE)")
-    parser.add_argument("--mode", choices=("tree", "chain"),
-                        help="draft a tree or a chain (default: tree for heads, chain otherwise)")
-    parser.add_argument("--tree-size", type=int,
-                        help="tokens verified per step including the root, for head trees (Medusa 64, EAGLE 60)")
-    parser.add_argument("--branching", type=int_list,
-                        help="children per level for --draft/self trees, e.g. 2,2 (default 2,2 with --mode tree)")
-    parser.add_argument("--eagle-top-k", type=int, help="EAGLE-2 tree: children per node and nodes expanded "
-                                                        "per depth (default 10)")
-    parser.add_argument("--no-tuned", action="store_true",
-                        help="ignore the head's/draft's tuned.json (`specgraft tune`) and use the defaults")
-    d = EvalSettings()  # the defaults live in the typed settings, saved in every report.json
-    parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
-                        help=f"tokens generated per turn at most (default {d.max_new_tokens})")
-    parser.add_argument("--temperature", type=float, default=d.temperature,
-                        help=f"0 = greedy (default {d.temperature:g})")
-    parser.add_argument("--top-p", type=float, default=d.top_p,
-                        help=f"nucleus sampling mass in (0, 1] (default {d.top_p:g})")
-    parser.add_argument("--top-k", type=int, default=d.top_k,
-                        help=f"sample among the k most likely tokens (0 = all; default {d.top_k})")
-    parser.add_argument("--seed", type=int, default=d.seed, help=f"seed of the sampling draws (default {d.seed})")
-    parser.add_argument("--repeats", type=int, default=d.repeats,
-                        help=f"timed runs per turn; the median counts (default {d.repeats})")
-    parser.add_argument("--warmup", type=int, default=d.warmup,
-                        help=f"untimed warm-up runs before measuring (default {d.warmup})")
-    parser.add_argument("--ignore-eos", action="store_true", help="never stop at EOS (fixed-length runs)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                        help="model dtype (default: float32 on CPU, bfloat16 on GPU)")
-    add_threads_argument(parser)
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    add_linear_kernel_argument(parser)
-    add_attention_kernel_argument(parser)
 
 
 # -- drafters ---------------------------------------------------------------------------------------------------------
@@ -220,10 +163,6 @@ def _head_drafter(args: argparse.Namespace, target: Any) -> tuple[Any, dict[str,
                             "setting_source": "flags" if explicit else "defaults"}
     info.update(family.describe_drafter(drafter))
     return drafter, info, head.target
-
-
-
-
 
 
 def run(args: argparse.Namespace) -> int:

@@ -39,17 +39,11 @@ from typing import Any
 
 from specgraft.errors import SpecgraftError
 from specgraft.eval.drafter import DraftContext, Drafter
-from specgraft.eval.exact_attention import (
-    add_attention_kernel_argument,
-    apply_attention_kernel,
-    attention_kernel_of,
-    stock_kernels,
-)
-from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kernel
+from specgraft.eval.exact_attention import apply_attention_kernel, attention_kernel_of, stock_kernels
+from specgraft.eval.kernels import apply_linear_kernel
 from specgraft.eval.search import monotone
-from specgraft.eval.settings import MAX_REPEATS
+from specgraft.eval.settings import DEFAULT_KV_LENGTH, DEFAULT_REPEATS, DEFAULT_TOKEN_COUNTS, MAX_REPEATS
 from specgraft.eval.tree import DraftTree
-from specgraft.utils.args import int_list
 from specgraft.utils.io import atomic_write_json, read_json_meta, require_file
 from specgraft.utils.numbers import check_number, check_number_tree
 from specgraft.utils.outputs import writing_output
@@ -57,10 +51,6 @@ from specgraft.utils.outputs import writing_output
 logger = logging.getLogger(__name__)
 
 PROFILE_VERSION = 1
-#: Tokens verified at once that are measured by default (root included).
-DEFAULT_TOKEN_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-DEFAULT_KV_LENGTH = 256
-DEFAULT_REPEATS = 5
 #: Generation lengths (decoding steps) whose time difference gives one step's time.
 SHORT_STEPS, LONG_STEPS = 4, 16
 #: Timed propose() calls per drafter setting (after one warm-up call); the median counts.
@@ -634,27 +624,6 @@ def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_le
 
 
 # -- CLI -----------------------------------------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``specgraft profile``."""
-    parser.add_argument("--target", required=True, help="target model: a transformers folder or Hub id")
-    parser.add_argument("--head", type=Path, action="append", default=[], help="head folder to measure (repeatable)")
-    parser.add_argument("--draft", action="append", default=[], help="draft model folder to measure (repeatable)")
-    parser.add_argument("--out", type=Path, required=True, help="the profile JSON to write")
-    parser.add_argument("--kv-length", type=int, default=DEFAULT_KV_LENGTH,
-                        help=f"tokens in the KV cache while measuring (default {DEFAULT_KV_LENGTH}; use your typical "
-                             "prompt + answer length)")
-    parser.add_argument("--token-counts", type=int_list, default=list(DEFAULT_TOKEN_COUNTS),
-                        help="tokens verified at once to measure (default 1,2,3,4,6,8,12,16,24,32,48,64)")
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="timing repeats; the median counts")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing profile file")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                        help="model dtype (default: float32 on CPU, bfloat16 on GPU)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    add_linear_kernel_argument(parser)
-    add_attention_kernel_argument(parser)
-
-
 def run(args: argparse.Namespace) -> int:
     """Measure and write the profile (locked, into a new file or over an earlier profile only)."""
     inputs = [args.target, *args.head, *args.draft]

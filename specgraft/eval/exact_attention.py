@@ -53,13 +53,10 @@ import torch
 
 from specgraft.errors import SpecgraftError
 from specgraft.eval.kv import EXACT_ATTENTION, GQA_ATTENTION, attention_layout, text_config
+from specgraft.eval.settings import ATTENTION_KERNELS
 
 logger = logging.getLogger(__name__)
 
-ATTENTION_KERNELS = ("auto", "stock", "gqa", "exact")
-"""``--attention-kernel`` choices: ``stock`` keeps the model's attention (sdpa); ``gqa`` is sdpa broadcasting grouped
-KV heads in masked multi-row calls on the CPU (:mod:`specgraft.eval.gqa_attention`); ``exact`` is this module's;
-``auto`` (the default) is ``gqa`` on the CPU for an sdpa model with grouped KV heads, else ``stock``."""
 
 ROWS_KWARG = "specgraft_rows"
 """The keyword the decoder passes a :class:`RowKeys` under; transformers forwards it to every attention call."""
@@ -225,20 +222,6 @@ def attention_kernel_of(model: Any) -> str:
     if uses_exact_attention(model):
         return "exact"
     return "gqa" if getattr(model.config, "_attn_implementation", None) == GQA_ATTENTION else "stock"
-
-
-def add_attention_kernel_argument(parser: argparse.ArgumentParser) -> None:
-    """Add ``--attention-kernel {auto,stock,gqa,exact}`` to a decoding command."""
-    parser.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default="auto",
-                        help="stock: the target's own attention (sdpa); gqa: sdpa that broadcasts grouped KV heads "
-                             "in the masked multi-row calls of verification on the CPU instead of copying them "
-                             "(plain one-token steps are unchanged); exact: each verification row computed by the "
-                             "same sdpa call plain one-token decoding makes, so greedy answers are token-identical to "
-                             "plain decoding with the stock kernels in fp32 and bf16 (the linear layers multiply as "
-                             "few rows per product as this machine computes row by row, one if need be: then slow); "
-                             "plain steps and the prefill are the stock ones; refused in one line for sliding-window "
-                             "or soft-capped models; auto (default): gqa on the CPU for an sdpa model with grouped KV "
-                             "heads, else stock")
 
 
 def resolve_attention_kernel(choice: str, model: Any) -> str:

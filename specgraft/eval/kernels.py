@@ -20,18 +20,15 @@ Layers fall back to ``nn.Linear``'s own forward above ``max_rows`` rows and when
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 from typing import Any
 
 from specgraft.errors import SpecgraftError
+from specgraft.eval.settings import LINEAR_KERNELS
 
 logger = logging.getLogger(__name__)
 
-LINEAR_KERNELS = ("auto", "weight-major", "stock")
-"""``--linear-kernel`` choices: ``auto`` measures both layouts for fp32 on CPU and keeps the faster (stock elsewhere);
-``weight-major`` forces it; ``stock`` leaves ``nn.Linear`` as it is."""
 
 AUTO_PROBE_ROWS = (2, 4, 8, 16)
 """Row counts ``auto`` times both layouts at: a verification or draft block (1 row is a matrix-vector product
@@ -62,15 +59,6 @@ the default trees (EAGLE 60 tokens, Medusa 64) and a verification's root row in 
 WEIGHT_MAJOR_MIN_WEIGHTS = 1 << 16
 """Layers with fewer weights keep ``nn.Linear``: their product is a few microseconds either way and the extra
 transposes would only add dispatch overhead (the tiny stories260K and demo targets are all below it)."""
-
-
-def add_linear_kernel_argument(parser: argparse.ArgumentParser) -> None:
-    """Add ``--linear-kernel {auto,weight-major,stock}`` to a decoding command."""
-    parser.add_argument("--linear-kernel", choices=LINEAR_KERNELS, default="auto",
-                        help="matmul layout for the few-row products of decoding: weight-major computes (W @ x^T)^T, "
-                             "which MKL runs at about the one-token cost for 2-16 tokens on some CPUs and at twice "
-                             "it on others; auto (default) times both on this machine's layers for fp32 on CPU and "
-                             "keeps the faster; stock keeps nn.Linear")
 
 
 def resolve_linear_kernel(choice: str, device: str, dtype: str, *modules: Any) -> str:

@@ -12,6 +12,26 @@ from specgraft.errors import SpecgraftError
 #: The most timing repeats (and warm-up runs) a measurement takes: the median is stable long before, and an
 #: unbounded count only makes a run that never ends.
 MAX_REPEATS = 1000
+#: ``--linear-kernel`` choices (:mod:`specgraft.eval.kernels`): ``auto`` measures both layouts for fp32 on CPU and
+#: keeps the faster (stock elsewhere); ``weight-major`` forces it; ``stock`` leaves ``nn.Linear`` as it is.
+LINEAR_KERNELS = ("auto", "weight-major", "stock")
+#: ``--attention-kernel`` choices: ``stock`` keeps the model's attention (sdpa); ``gqa`` is sdpa broadcasting
+#: grouped KV heads in masked multi-row calls on the CPU (:mod:`specgraft.eval.gqa_attention`); ``exact`` is
+#: :mod:`specgraft.eval.exact_attention`'s; ``auto`` (the default) is ``gqa`` on the CPU for an sdpa model with grouped
+#: KV heads, else ``stock``.
+ATTENTION_KERNELS = ("auto", "stock", "gqa", "exact")
+#: Built-in drafters selectable with ``specgraft eval --drafter``.
+BUILTIN_DRAFTERS = ("self", "random")
+#: Draft length of the built-in and draft-model drafters when --k is not given.
+DEFAULT_K = 4
+#: ``specgraft profile``: tokens verified at once that are measured by default (root included), the KV length
+#: measured at and the timing repeats.
+DEFAULT_TOKEN_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+DEFAULT_KV_LENGTH = 256
+DEFAULT_REPEATS = 5
+#: Default of ``specgraft tune --min-speedup``: a drafting setting is kept only when it is at least this fast
+#: relative to plain decoding.
+DEFAULT_MIN_SPEEDUP = 1.0
 
 
 @dataclass

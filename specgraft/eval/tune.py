@@ -31,10 +31,11 @@ from typing import Any
 from specgraft.errors import SpecgraftError
 from specgraft.eval.acceptance import reach_rates
 from specgraft.eval.cost import CostProfile, check_fits, check_profile
-from specgraft.eval.exact_attention import add_attention_kernel_argument, apply_attention_kernel, attention_kernel_of
-from specgraft.eval.kernels import add_linear_kernel_argument, apply_linear_kernel
+from specgraft.eval.exact_attention import apply_attention_kernel, attention_kernel_of
+from specgraft.eval.kernels import apply_linear_kernel
 from specgraft.eval.report_reader import check_report_for_head, read_report
 from specgraft.eval.search import MAX_TREE_TOKENS, section_table
+from specgraft.eval.settings import DEFAULT_MIN_SPEEDUP
 from specgraft.utils.io import atomic_write_json, output_lock, read_json_meta
 from specgraft.utils.numbers import check_number_tree
 from specgraft.utils.outputs import writing_output
@@ -63,8 +64,6 @@ SEARCH_HOOKS = ("default_setting", "tune_candidates", "tune_predict", "setting_l
 #: than plain decoding on the device (measured by the confirming evals, else predicted); ``specgraft eval`` then
 #: decodes plainly and the exports carry no tuned engine hints.
 PLAIN_SETTING: dict[str, Any] = {"mode": "plain"}
-#: Default of ``--min-speedup``: a drafting setting is kept only when it is at least this fast relative to plain.
-DEFAULT_MIN_SPEEDUP = 1.0
 
 
 @dataclass
@@ -482,36 +481,6 @@ def second_opinion(candidates: Sequence[Candidate], measured_best: Mapping[str, 
 
 
 # -- the command ---------------------------------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``specgraft tune``."""
-    parser.add_argument("--target", required=True, help="target model: a transformers folder or Hub id")
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--head", type=Path, help="trained head folder (medusa, eagle, eagle3 or dflash)")
-    which.add_argument("--draft", type=Path, help="draft model folder")
-    parser.add_argument("--prompts", nargs="*", type=Path, default=[],
-                        help="calibration prompt files (the confirming evals run on them too)")
-    parser.add_argument("--limit-per-domain", type=int, help="use only the first N prompts of each domain")
-    parser.add_argument("--cost-profile", type=Path, help="a `specgraft profile` JSON (default: measure one now)")
-    parser.add_argument("--calibration", type=Path,
-                        help="an eval report of this drafter at its default setting (default: run one now)")
-    parser.add_argument("--out", type=Path, help="folder for the calibration/confirming reports (default: "
-                                                 "<head>/tune)")
-    parser.add_argument("--kv-length", type=int, help="KV length for a profile measured now (default: the mean "
-                                                      "prompt length plus half of --max-new-tokens)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per calibration turn (default 64)")
-    parser.add_argument("--no-confirm", action="store_true", help="skip the confirming evals")
-    parser.add_argument("--min-speedup", type=float, default=DEFAULT_MIN_SPEEDUP,
-                        help="speedup over plain decoding (measured by the confirming evals, else predicted) a "
-                             "drafting setting needs to be chosen; below it tuned.json says plain decoding "
-                             f"(default {DEFAULT_MIN_SPEEDUP})")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing tuned.json")
-    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available, else cpu)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="model dtype")
-    parser.add_argument("--threads", type=int, help="torch CPU threads")
-    add_linear_kernel_argument(parser)
-    add_attention_kernel_argument(parser)
-
-
 def drafter_for(kind: str, head_or_draft: Any, setting: dict[str, Any]) -> Any:
     """A drafter at ``setting``: a head's through its family's registered drafter, else a draft model's (None for
     plain decoding)."""

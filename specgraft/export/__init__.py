@@ -8,10 +8,15 @@ and push them to the Hugging Face Hub.
 * :func:`push_folder` -- upload an export folder (``specgraft push``).
 """
 
-from specgraft.export.card import render_model_card
-from specgraft.export.exporter import ExportResult, export_head, load_export, read_export_meta
-from specgraft.export.layouts import FORMATS, formats_for, supported_formats
-from specgraft.export.push import plan_push, push_folder
+from specgraft.utils.lazy import lazy_exports
+
+_EXPORTS = {
+    "render_model_card": "card",
+    **dict.fromkeys(("ExportResult", "export_head", "load_export", "read_export_meta"), "exporter"),
+    **dict.fromkeys(("FORMATS", "formats_for", "supported_formats"), "layouts"),
+    **dict.fromkeys(("plan_push", "push_folder"), "push"),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "FORMATS",

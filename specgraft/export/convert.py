@@ -22,6 +22,7 @@ import torch
 
 from specgraft.errors import SpecgraftError
 from specgraft.export.layouts import Dims, check_tensors, engine_exporter, expected_tensors
+from specgraft.export.options import DEFAULT_SPECULATIVE_TOKENS
 from specgraft.export.target_info import TargetInfo
 
 logger = logging.getLogger(__name__)
@@ -37,9 +38,6 @@ _LLAMA_ACTIVATIONS = ("silu",)
 
 #: EAGLE-3 default number of fused target layers (the engines' fc is sized for exactly this many).
 ENGINE_NUM_FEATURES = 3
-
-#: vLLM's EAGLE-3 / speculators defaults written into speculators_config.
-DEFAULT_SPECULATIVE_TOKENS = 3
 
 
 def tuned_engine_settings(tuned: Mapping[str, Any]) -> dict[str, Any]:
@@ -256,7 +254,6 @@ def engine_layer_ids(feature_layers: list[int], fmt: str) -> list[int]:
     return [int(i) for i in feature_layers] if fmt in ("vllm", "native") else [int(i) - 1 for i in feature_layers]
 
 
-
 def _cast(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
     if dtype is None:
         return tensors
@@ -324,8 +321,6 @@ def _set_dtype(config: dict[str, Any], dtype_name: str) -> None:
     inner = config.get("transformer_layer_config")
     if isinstance(inner, dict):
         inner["torch_dtype"] = dtype_name
-
-
 
 
 def apply_tuned(config: dict[str, Any], head_type: str, fmt: str, engines: Mapping[str, Any]) -> None:

@@ -34,9 +34,8 @@ from typing import Any
 import torch
 
 from specgraft.errors import SpecgraftError
+from specgraft.export.options import FORMATS
 
-#: Every export format, in the order the CLI lists them.
-FORMATS: tuple[str, ...] = ("vllm", "sglang", "trtllm", "llamacpp", "native")
 
 @dataclass(frozen=True)
 class Dims:

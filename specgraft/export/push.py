@@ -40,12 +40,12 @@ from specgraft.export.exporter import (
     require_hub_base_model,
     vllm_name_warnings,
 )
+from specgraft.export.options import DEFAULT_TOKEN_ENV
 from specgraft.utils.io import atomic_write_text
 from specgraft.utils.outputs import MANIFEST_NAME, read_manifest, update_manifest
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TOKEN_ENV = "HF_TOKEN"
 _REPO_ID = HUB_REPO_ID
 #: Files a fresh Hub repo already holds.
 _HUB_DEFAULT_FILES = (".gitattributes",)
@@ -65,24 +65,6 @@ class PushPlan:
     """Files uploaded with new text instead of the folder's (the regenerated card, a retargeted config)."""
     private: bool | None = None
     """The repo's visibility after the push (None before it)."""
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``specgraft push``."""
-    parser.add_argument("dir", metavar="DIR", help="A folder written by `specgraft export`.")
-    parser.add_argument("--repo-id", required=True, metavar="ORG/NAME", help="The Hub model repo to push to.")
-    parser.add_argument("--private", action="store_true", help="Create the repo as private.")
-    parser.add_argument("--revision", metavar="BRANCH", help="Branch to commit to (created if missing).")
-    parser.add_argument("--commit-message", metavar="M", help="Commit message.")
-    parser.add_argument("--dry-run", action="store_true", help="List what would be uploaded and stop.")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="Push into a repo that already has files (the repo then mirrors the folder).")
-    parser.add_argument("--base-model", metavar="ORG/NAME",
-                        help="Hub id of the target, when the export recorded it as a local path (written into the "
-                             "uploaded card, config.json and specgraft_export.json).")
-    parser.add_argument("--token-env", default=DEFAULT_TOKEN_ENV, metavar="VAR",
-                        help=f"Environment variable holding the token (default {DEFAULT_TOKEN_ENV}; falls back to "
-                             "the token saved by `hf auth login`).")
 
 
 def plan_push(folder: str | Path, repo_id: str, base_model: str | None = None) -> PushPlan:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+#: Floating dtype names accepted by recipes and CLIs (:data:`specgraft.utils.models.DTYPES` maps them to torch).
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
 
 def int_list(text: str) -> list[int]:
     """``"2,2,4"`` -> ``[2, 2, 4]``; an argparse type (a bad value is one usage error)."""

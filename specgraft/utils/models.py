@@ -8,9 +8,10 @@ from typing import Any
 import torch
 
 from specgraft.errors import SpecgraftError
+from specgraft.utils.args import DTYPE_NAMES
 
 #: Floating dtype names accepted by recipes and CLIs.
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from specgraft.cli import main as cli_main
+from specgraft.commands import regenerate as regenerate_command
 from specgraft.config import DataConfig
 from specgraft.data import build_dataset, load_records
 from specgraft.data import regenerate as regen_module
@@ -237,7 +238,7 @@ def test_build_dataset_trains_on_the_regenerated_replies(tmp_path, stopping_mode
 
 def _args(**kw) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    regen_module.add_arguments(parser)
+    regenerate_command.add_arguments(parser)
     argv = []
     for key, value in kw.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]

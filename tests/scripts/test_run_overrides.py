@@ -1,10 +1,9 @@
-"""specgraft.utils.scripts.parse_run_overrides: the per-run recipe overrides of bench_smollm2 and bench_dflash."""
+"""benchmarks/benchlib parse_run_overrides: the per-run recipe overrides of bench_smollm2 and bench_dflash."""
 
 from __future__ import annotations
 
 import pytest
-
-from specgraft.utils.scripts import parse_run_overrides
+from benchlib.stages import parse_run_overrides
 
 
 def test_overrides_are_grouped_by_run_in_order():

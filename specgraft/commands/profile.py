@@ -1,0 +1,38 @@
+"""``specgraft profile``'s arguments; the command is :func:`specgraft.eval.cost.run`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from specgraft.commands.flags import add_attention_kernel_argument, add_linear_kernel_argument
+from specgraft.eval.settings import DEFAULT_KV_LENGTH, DEFAULT_REPEATS, DEFAULT_TOKEN_COUNTS
+from specgraft.utils.args import int_list
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specgraft profile``."""
+    parser.add_argument("--target", required=True, help="target model: a transformers folder or Hub id")
+    parser.add_argument("--head", type=Path, action="append", default=[], help="head folder to measure (repeatable)")
+    parser.add_argument("--draft", action="append", default=[], help="draft model folder to measure (repeatable)")
+    parser.add_argument("--out", type=Path, required=True, help="the profile JSON to write")
+    parser.add_argument("--kv-length", type=int, default=DEFAULT_KV_LENGTH,
+                        help=f"tokens in the KV cache while measuring (default {DEFAULT_KV_LENGTH}; use your typical "
+                             "prompt + answer length)")
+    parser.add_argument("--token-counts", type=int_list, default=list(DEFAULT_TOKEN_COUNTS),
+                        help="tokens verified at once to measure (default 1,2,3,4,6,8,12,16,24,32,48,64)")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="timing repeats; the median counts")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing profile file")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                        help="model dtype (default: float32 on CPU, bfloat16 on GPU)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    add_linear_kernel_argument(parser)
+    add_attention_kernel_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command itself, in :mod:`specgraft.eval.cost` (imported only now: it loads torch)."""
+    from specgraft.eval.cost import run as profile
+
+    return profile(args)

@@ -1,0 +1,46 @@
+"""``specgraft tune``'s arguments; the command is :func:`specgraft.eval.tune.run`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from specgraft.commands.flags import add_attention_kernel_argument, add_linear_kernel_argument
+from specgraft.eval.settings import DEFAULT_MIN_SPEEDUP
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specgraft tune``."""
+    parser.add_argument("--target", required=True, help="target model: a transformers folder or Hub id")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--head", type=Path, help="trained head folder (medusa, eagle, eagle3 or dflash)")
+    which.add_argument("--draft", type=Path, help="draft model folder")
+    parser.add_argument("--prompts", nargs="*", type=Path, default=[],
+                        help="calibration prompt files (the confirming evals run on them too)")
+    parser.add_argument("--limit-per-domain", type=int, help="use only the first N prompts of each domain")
+    parser.add_argument("--cost-profile", type=Path, help="a `specgraft profile` JSON (default: measure one now)")
+    parser.add_argument("--calibration", type=Path,
+                        help="an eval report of this drafter at its default setting (default: run one now)")
+    parser.add_argument("--out", type=Path, help="folder for the calibration/confirming reports (default: "
+                                                 "<head>/tune)")
+    parser.add_argument("--kv-length", type=int, help="KV length for a profile measured now (default: the mean "
+                                                      "prompt length plus half of --max-new-tokens)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per calibration turn (default 64)")
+    parser.add_argument("--no-confirm", action="store_true", help="skip the confirming evals")
+    parser.add_argument("--min-speedup", type=float, default=DEFAULT_MIN_SPEEDUP,
+                        help="speedup over plain decoding (measured by the confirming evals, else predicted) a "
+                             "drafting setting needs to be chosen; below it tuned.json says plain decoding "
+                             f"(default {DEFAULT_MIN_SPEEDUP})")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing tuned.json")
+    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available, else cpu)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="model dtype")
+    parser.add_argument("--threads", type=int, help="torch CPU threads")
+    add_linear_kernel_argument(parser)
+    add_attention_kernel_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command itself, in :mod:`specgraft.eval.tune` (imported only now: it loads torch)."""
+    from specgraft.eval.tune import run as tune
+
+    return tune(args)
