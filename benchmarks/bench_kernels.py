@@ -276,6 +276,8 @@ def _cell(row: dict[str, Any]) -> str:
         return "-"
     if row.get("refused"):
         return "refused"
+    if row.get("crashed"):
+        return "crashed"
     return f"{row['identical']}/{row['runs']} ({row['plain_identical']}/{row['prompts']})"
 
 
