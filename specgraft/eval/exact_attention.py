@@ -417,6 +417,15 @@ def kernel_setting(model: Any) -> str:
     return f"attention {attention}, linear {linear}"
 
 
+def plain_decoding_differs(model: Any) -> bool:
+    """Whether ``model``'s kernels run plain decoding's one-token steps other than the stock ones: switched linear
+    layers (another product, or a wrapper around it) or the exact attention path. ``gqa`` alone does not: its
+    one-row calls are transformers' ``sdpa`` itself, so timing plain decoding under it again would measure nothing
+    new."""
+    return attention_kernel_of(model) == "exact" or any(stock.__name__ == "Linear"
+                                                        for _, stock in _switched_modules(model))
+
+
 @contextlib.contextmanager
 def stock_kernels(model: Any) -> Iterator[None]:
     """Run ``model`` with the stock kernels for a while (transformers' own attention, ``nn.Linear``, the stock
