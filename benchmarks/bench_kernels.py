@@ -98,13 +98,14 @@ def with_kernel(model: Any, kernel: str) -> tuple[Any | None, str | None]:
     return switched, None
 
 
-def identity(name: str, model: Any, prompts: list[list[int]], tokens: int) -> list[dict[str, Any]]:
+def identity(name: str, model: Any, prompts: list[list[int]], tokens: int, dtypes: tuple[str, ...] = DTYPES,
+             kernels: tuple[str, ...] = KERNELS) -> list[dict[str, Any]]:
     """One row per dtype x kernel: how many (drafter, prompt) greedy runs equal stock plain decoding."""
     rows = []
-    for dtype in DTYPES:
+    for dtype in dtypes:
         base = copy.deepcopy(model).to(getattr(torch, dtype))
         reference = [SpeculativeDecoder(base, ignore_eos=True).generate(p, tokens).generated_ids for p in prompts]
-        for kernel in KERNELS:
+        for kernel in kernels:
             start = time.perf_counter()
             switched, refusal = with_kernel(base, kernel)
             row: dict[str, Any] = {"model": name, "dtype": dtype, "kernel": kernel, "tokens": tokens,
@@ -202,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smollm2", type=Path, help="a converted SmolLM2 folder to time plain steps on as well")
     parser.add_argument("--skip-identity", action="store_true")
     parser.add_argument("--skip-step", action="store_true", help="do not time plain steps")
+    parser.add_argument("--dtypes", nargs="*", choices=DTYPES, default=list(DTYPES))
+    parser.add_argument("--kernels", nargs="*", choices=KERNELS, default=list(KERNELS))
+    parser.add_argument("--story-prompts", type=int, default=len(STORY_PROMPTS), help="stories260K prompts to use")
     parser.add_argument("--models", nargs="*", help="identity on these only (stories260K, tiny-llama, ...)")
     parser.add_argument("--before", type=Path, help="a run of this script on another version, embedded as 'before'")
     parser.add_argument("--reuse", type=Path, help="take identity and plain_step from this earlier run")
@@ -226,11 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [[1] + tokenizer.encode(text, add_special_tokens=False) for text in STORY_PROMPTS]
     if not args.skip_identity:
         if not args.models or "stories260K" in args.models:
-            result["identity"] += identity("stories260K", stories, prompts, args.tokens)
+            result["identity"] += identity("stories260K", stories, prompts[: args.story_prompts], args.tokens,
+                                           tuple(args.dtypes), tuple(args.kernels))
         for arch in TINY_ARCHITECTURES:
             if not args.models or f"tiny-{arch}" in args.models:
                 tiny = tiny_model(arch, max_position_embeddings=512)
-                result["identity"] += identity(f"tiny-{arch}", tiny, [[5, 9, 17, 33]], args.tiny_tokens)
+                result["identity"] += identity(f"tiny-{arch}", tiny, [[5, 9, 17, 33]], args.tiny_tokens,
+                                               tuple(args.dtypes), tuple(args.kernels))
     if not args.skip_step:
         result["plain_step"] += plain_step("stories260K", stories, prompts[1], args.step_tokens, args.repeats)
     if args.smollm2 is not None:
@@ -270,6 +276,8 @@ def _cell(row: dict[str, Any]) -> str:
         return "-"
     if row.get("refused"):
         return "refused"
+    if row.get("crashed"):
+        return "crashed"
     return f"{row['identical']}/{row['runs']} ({row['plain_identical']}/{row['prompts']})"
 
 

@@ -14,10 +14,11 @@ reduces over those ``L`` keys in the model's dtype with blocks that depend on ``
 at depth ``d`` after ``past`` cached positions, the row's keys are the prefix and its root-to-row path, ``L = past
 + d + 1`` of them in logical order: this kernel hands exactly those keys (a slice of the cache where they are a
 prefix of it, else gathered) and the row's query to the same ``sdpa`` call, with no mask. Rows at equal depth share
-``L`` and go in one call as a batch: the flash kernel computes each (batch, head) item on its own with the same
-products as a batch of one. So a verification row's attention output is, by construction, the one plain decoding
-computes at that position with the stock kernel, in every dtype, at every row count and cache length; the prompt's
-prefill (no row layout passed) is ``sdpa`` unchanged, and so is plain decoding under this kernel.
+``L`` and go in one call as a batch: torch's CPU flash kernel computes each (batch, head) item on its own with the
+same products as a batch of one (:func:`rows_match_one_row_calls` checks that wherever the kernel is switched on).
+So a verification row's attention output is, by construction, the one plain decoding computes at that position
+with the stock kernel, in every dtype, at every row count and cache length; the prompt's prefill (no row layout
+passed) is ``sdpa`` unchanged, and so is plain decoding under this kernel.
 
 The rest of the forward must then compute a row alone and among others alike. The linear layers' GEMM does so
 only up to some row count, which depends on the machine, dtype and shape (a bf16 GEMM may change kernels above a few
@@ -29,7 +30,9 @@ verified row reads the weights again). Activations and rotary tables round a row
 fall in a vectorised block or in its scalar tail, which depends on the call's size, so inside a verification forward
 they compute each row by its own call too (:func:`use_row_by_row_elementwise`, :func:`rows_one_at_a_time`); norms,
 residuals and the rotary products are exact element-wise arithmetic or per-row reductions. Greedy answers are then
-token-identical to plain decoding with the stock kernels, in fp32 and bf16, by construction.
+token-identical to plain decoding with the stock kernels, in fp32 and bf16: the attention and the row-by-row parts by
+construction, the linear products by construction at one row per product and by the order-revealing probe above
+that (``tests/eval/test_kernel_identity.py`` decodes 400 bf16 tokens with every built-in drafter to check it).
 
 :func:`rows_match_one_row_calls` checks the construction once per attention shape on this machine (grouped calls
 against one-row calls at row counts and cache lengths around the flash kernel's blocks), as a guard against a torch
@@ -397,6 +400,15 @@ def kernel_setting(model: Any) -> str:
         return "stock"
     linear = "weight-major" if "WeightMajorLinear" in linears else "row-exact" if linears else "stock"
     return f"attention {attention}, linear {linear}"
+
+
+def plain_decoding_differs(model: Any) -> bool:
+    """Whether ``model``'s kernels run plain decoding's one-token steps other than the stock ones: switched linear
+    layers (another product, or a wrapper around it) or the exact attention path. ``gqa`` alone does not: its
+    one-row calls are transformers' ``sdpa`` itself, so timing plain decoding under it again would measure nothing
+    new."""
+    return attention_kernel_of(model) == "exact" or any(stock.__name__ == "Linear"
+                                                        for _, stock in _switched_modules(model))
 
 
 @contextlib.contextmanager
