@@ -6,13 +6,14 @@ argmax after reading tokens ``0..j``), and the head ranks, for every anchor ``i`
 token ``g_{i+d}`` among its depth-``d`` candidates (:meth:`~specgraft.heads.base.DraftHead.acceptance_ranks`).
 Depth ``d`` of anchor ``i`` is a real decoding state only where the row follows the target's greedy path from the
 anchor (tokens ``i+1..i+d`` are assistant tokens equal to ``g_{i..i+d-1}``: the root and the accepted drafts), so
-only those count. The counts are the per-(depth, rank) statistics an eval's
+only those count, and only at the anchors a greedy decoder would verify from (:func:`decoding_anchors`: a step
+from anchor ``i`` moves to ``i + accepted + 1``). The counts are the per-(depth, rank) statistics an eval's
 :class:`~specgraft.eval.acceptance.AcceptanceRecorder` writes (``rank_attempts``, ``rank_accepts``): the anchor
-reached depth ``d - 1`` when every shallower depth's rank lies inside the setting's tree (rank 0 for a chain), and
-then tried each rank the setting drafts at depth ``d``. ``p[d][r]`` (:func:`~specgraft.eval.acceptance.
-rank_probabilities`) and the family's ``expected_accepted(setting, p)`` hook (its tuner's own prediction: for a
-chain ``sum_d prod_{j<=d} p[j][0]``, which is ``specgraft simulate --acceptance-profile`` of ``p[.][0]``; for a
-tree its static value) give ``tau = 1 + expected accepted drafts``.
+reached depth ``d - 1`` along the top-1 spine, and then tried each rank the setting drafts at depth ``d``.
+``p[d][r]`` (:func:`~specgraft.eval.acceptance.rank_probabilities`) and the family's ``expected_accepted(setting,
+p)`` hook (its tuner's own prediction: for a chain ``sum_d prod_{j<=d} p[j][0]``, which is ``specgraft simulate
+--acceptance-profile`` of ``p[.][0]``; for a tree its static value) give ``tau = 1 + expected accepted drafts``.
+Its cost is one target forward and one head pass per held-out batch.
 
 **Decoder tau.** The first ``training.eval_prompts`` held-out rows, cut before their first assistant token, are
 decoded greedily by :class:`~specgraft.eval.decoder.SpeculativeDecoder` with the family's drafter at the same
@@ -86,15 +87,21 @@ def count_ranks(ranks: torch.Tensor, tokens: torch.Tensor, greedy: torch.Tensor,
             out[:, : length - offset] = mask[:, offset:]
         return out
 
-    # reached[d - 1][:, i]: from anchor i the decoder drafts depth d (the root and the accepted drafts, tokens
-    # i + 1 .. i + d, are on the greedy path); accepted[d - 1]: and the draft lies inside the tree. A depth past the
-    # row's end is reached and rejected (as the decoder stops at its last token), so for rows that follow the
-    # greedy path the per-depth rates multiply back to the walk's tokens per step.
+    # reached[d - 1][:, i]: from anchor i the decoder drafts depth d along the top-1 spine (the root and the
+    # spine's accepted drafts, tokens i + 1 .. i + d, are on the greedy path); accepted[d - 1]: and the target's
+    # token is among the ranks the setting drafts there. Conditioning on the spine, a tree's likeliest path, is
+    # where a budgeted tree spends its depth (on stories260K's EAGLE-3 default 60-token tree it simulated the
+    # decoder's tau 3% high; conditioning on any drafted rank, as if every top-k child had a full subtree,
+    # 10% low); for a chain both are the same. A depth past the row's end is reached and rejected (as the
+    # decoder stops at its last token), so for a chain on rows that follow the greedy path the per-depth rates
+    # multiply back to the walk's tokens per step exactly.
     reached, accepted = [on_path], []
     for d in range(1, depth + 1):
         measurable = shifted(real, d)  # the target's token after position i + d is the truth
-        accepted.append(reached[-1] & measurable & (ranks[..., d - 1] < widths[d - 1]))
-        reached.append(accepted[-1] & (shifted(on_path, d) | ~shifted(real, d + 1)))
+        rank = ranks[..., d - 1]
+        accepted.append(reached[-1] & measurable & (rank < widths[d - 1]))
+        continues = shifted(on_path, d) | ~shifted(real, d + 1)
+        reached.append(reached[-1] & measurable & (rank == 0) & continues)
     anchors = decoding_anchors(torch.stack(accepted, dim=-1).sum(-1), on_path)
     attempts = torch.zeros(depth, width, dtype=torch.long, device=ranks.device)
     accepts = torch.zeros_like(attempts)
