@@ -166,7 +166,8 @@ def launch_training(work: Path, family: str, args: argparse.Namespace, sizes: di
     return json.loads((work / family / "smoke_summary.json").read_text(encoding="utf-8"))
 
 
-def decode_check(work: Path, family: str, prompts: list[list[int]], max_new_tokens: int) -> dict[str, Any]:
+def decode_check(work: Path, family: str, prompts: list[list[int]], max_new_tokens: int,
+                 device: str) -> dict[str, Any]:
     """The trained head in the lossless decoder vs transformers ``generate`` and plain decoding (timed)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -177,14 +178,14 @@ def decode_check(work: Path, family: str, prompts: list[list[int]], max_new_toke
     from specgraft.heads.registry import get_family
     from specgraft.target import load_target
 
-    model = AutoModelForCausalLM.from_pretrained(work / "target", dtype="auto").to(DEVICE[0]).eval()
+    model = AutoModelForCausalLM.from_pretrained(work / "target", dtype="auto").to(device).eval()
     target = load_target(model)
     head = load_head_for_decoding(target, work / family / "head").eval()
     hooks = get_family(family).hooks
     setting = hooks["default_setting"](head)
     spec = SpeculativeDecoder(target, drafter=get_family(family).drafter(head, setting), ignore_eos=True)
     plain = SpeculativeDecoder(target, ignore_eos=True)
-    device = model.device
+    device = model.device  # the torch.device (for synchronising)
     times = {"generate": 0.0, "plain": 0.0, "spec": 0.0}
     same_generate = same_plain = within_rounding = steps = emitted = 0
     gaps: list[float] = []
@@ -225,10 +226,6 @@ def decode_check(work: Path, family: str, prompts: list[list[int]], max_new_toke
             "seconds": times}
 
 
-#: The decoding device, set once by main() (a list so the helpers read what main chose).
-DEVICE: list[str] = ["cpu"]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and budgets (CI on a CPU)")
@@ -257,7 +254,6 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --device cuda but no GPU is visible; pass --device cpu (with --tiny) or run on a GPU",
               file=sys.stderr)
         return 2
-    DEVICE[0] = args.device
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     mixed_precision = "bf16" if dtype == "bfloat16" and args.device.startswith("cuda") else "no"
     sizes = dict(TINY_SIZES if args.tiny else FULL_SIZES)
@@ -291,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             entry: dict[str, Any] = {"parameters": params, "data_s": data_s, "families": {}}
             for family in args.families:
                 summary = launch_training(work, family, args, sizes, mixed_precision)
-                decoded = decode_check(work, family, held_out, sizes["max_new_tokens"])
+                decoded = decode_check(work, family, held_out, sizes["max_new_tokens"], args.device)
                 entry["families"][family] = {
                     "train_steps": summary["steps"], "train_s": summary["train_s"],
                     "train_tokens_per_s": summary["steady_tokens_per_s"],
