@@ -179,7 +179,10 @@ class DraftHead(nn.Module):
 
     # -- save / load -----------------------------------------------------------------------------------------
     def config_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self.config) if dataclasses.is_dataclass(self.config) else dict(self.config)
+        """The config saved in head_config.json (recipe-only fields such as ``init_from`` left out)."""
+        data = dataclasses.asdict(self.config) if dataclasses.is_dataclass(self.config) else dict(self.config)
+        data.pop("init_from", None)
+        return data
 
     def save_pretrained(self, path: str | Path, recipe: Any = None, extra: dict[str, Any] | None = None) -> Path:
         """Write the head (weights, config with the target identity, resolved recipe) atomically to ``path``."""
@@ -375,6 +378,41 @@ def load_adapter_state(peft_model: nn.Module, head_dir: Path) -> None:
     from peft import set_peft_model_state_dict
 
     set_peft_model_state_dict(peft_model, load_file(str(Path(head_dir) / ADAPTER_DIR / ADAPTER_WEIGHTS_NAME)))
+
+
+def warm_start(head: DraftHead, path: str | Path) -> dict[str, Any]:
+    """Load the weights (and buffers: EAGLE-3's draft vocabulary) of the head saved in ``path`` into ``head``
+    (``head.init_from``). Refuses in one line a head of another family, one trained for another target architecture
+    or tokenizer, or one of other sizes; a target that differs only in name or weights' source (a fine-tuned
+    target of the same base) is accepted with a warning naming the difference. Returns facts worth logging."""
+    import logging
+
+    path = Path(path)
+    meta = read_head_config(path)
+    where = f"head.init_from {path}"
+    if meta["head_type"] != head.head_type:
+        raise SpecgraftError(f"{where} is a {meta['head_type']} head but head.type is {head.head_type}; start from a "
+                             f"{head.head_type} head, or set head.type={meta['head_type']} with its settings")
+    source = TargetIdentity.from_dict(meta["target"])
+    diffs = source.mismatches(head.target_identity)
+    if diffs:
+        raise SpecgraftError(f"{where} was trained for another target architecture ({'; '.join(diffs)}); a head "
+                             "warm-starts only on its own target's architecture and tokenizer: train a fresh head "
+                             "(drop head.init_from)")
+    differs = [f"{name} {getattr(source, name)!r} vs {getattr(head.target_identity, name)!r}"
+               for name in ("name_or_path", "model_type", "source")
+               if getattr(source, name) != getattr(head.target_identity, name)]
+    if differs:
+        logging.getLogger(__name__).warning(
+            "%s was trained on another target of the same architecture and tokenizer (%s): warm-starting on it, as "
+            "for a fine-tuned target of the same base", where, "; ".join(differs))
+    state = read_head_weights(path)
+    try:
+        load_checked_state(head, state, where)
+    except HeadWeightsMismatch as exc:
+        raise SpecgraftError(f"{exc}; set this recipe's head: section to the source head's sizes (its "
+                             f"{HEAD_CONFIG_NAME} config)") from None
+    return {"warm_started_from": str(path), "warm_start_target_differs": "; ".join(differs)}
 
 
 def load_head_weights(head: DraftHead, head_dir: Path) -> None:

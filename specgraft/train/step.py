@@ -95,11 +95,17 @@ class HeadTrainStep:
 
     def build(self, trainer: RecipeTrainer, target: Target) -> tuple[nn.Module, ParamGroups]:
         r, tr = self.recipe, self.recipe.training
-        head = head_class(r.head.type).build(target, r.head.resolve(target))
+        config = r.head.resolve(target)
+        init_from = getattr(config, "init_from", None)
+        head = head_class(r.head.type).build(target, config)
         self.head = head
         counts, heldout = loss_token_counts(trainer.dataset, target.vocab_size,
                                             getattr(r.head, "draft_vocab_heldout_every", 0))
         facts = head.prepare_from_data(counts, heldout) or {}
+        if init_from:  # after prepare_from_data: the source head's draft vocabulary replaces the data's
+            from specgraft.heads.base import warm_start
+
+            facts = {**facts, **warm_start(head, init_from)}
         trainer.data_facts.update(facts)
         for key, value in facts.items():
             logger.info("%s: %s", key, value)
