@@ -80,6 +80,12 @@ class DataConfig:
     plain text, each paragraph becomes its first sentence followed by the target's continuation of it."""
     regenerate_max_new_tokens: int = 512
     regenerate_temperature: float = 0.0
+    replay_path: str | None = None
+    """Rows of another data set mixed into the training rows, read with this section's settings (its own eval split
+    is not taken): when adapting a warm-started head (head.init_from) to new data, the head's original data, so its
+    original domains do not collapse."""
+    replay_share: float = 0.1
+    """With replay_path: the share of the training rows drawn from it (seeded; rows repeat when it has too few)."""
 
     def validate(self, path: str) -> None:
         check_choice(f"{path}.format", self.format, ("auto", "sharegpt", "messages", "text", "disk"))
@@ -91,6 +97,7 @@ class DataConfig:
         check_positive(f"{path}.regenerate_max_new_tokens", self.regenerate_max_new_tokens)
         check_range(f"{path}.regenerate_temperature", self.regenerate_temperature, 0.0, None)
         check_range(f"{path}.seed", self.seed, 0, None)
+        check_range(f"{path}.replay_share", self.replay_share, 0.0, 1.0, high_open=True)
 
 
 @dataclass

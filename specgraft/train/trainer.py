@@ -59,7 +59,8 @@ RESUMABLE_CHANGES = ("training.max_steps", "training.checkpoint_every", "trainin
 FIELDS_ADDED_LATER = {"lora.learning_rate_divisor": 4.0, "training.train_metrics_batches": 16,
                       "distill.alpha_eval_train_rows": 32, "distill.alpha_eval_max_rows": 512,
                       "training.eval_batches": 8, "training.eval_prompts": 0, "training.eval_max_new_tokens": 32,
-                      "training.eval_setting": None, "training.eval_best_by": "sim_tau"}
+                      "training.eval_setting": None, "training.eval_best_by": "sim_tau",
+                      "data.replay_path": None, "data.replay_share": 0.1}
 
 #: Inside output.dir: the head with the best held-out tau so far (``training.eval_every``).
 BEST_DIR = "best"
@@ -249,6 +250,17 @@ class RecipeTrainer:
             splits = build_dataset(r.data, target.tokenizer, model=target.model if r.data.regenerate else None)
             self.dataset = splits["train"]
             self.eval_dataset = splits.get("eval") if hasattr(splits, "get") else None
+            if r.data.replay_path:
+                from specgraft.data.dataset import mix_replay
+
+                replay_cfg = dataclasses.replace(r.data, path=r.data.replay_path, eval_fraction=0.0, replay_path=None)
+                replay = build_dataset(replay_cfg, target.tokenizer,
+                                       model=target.model if replay_cfg.regenerate else None)["train"]
+                before = len(self.dataset)
+                self.dataset = mix_replay(self.dataset, replay, r.data.replay_share, r.data.seed)
+                self.data_facts.update({"replay_rows": len(self.dataset) - before, "new_rows": before})
+                logger.info("data.replay_path: %d of %d training rows replayed from %s", len(self.dataset) - before,
+                            len(self.dataset), r.data.replay_path)
         if len(self.dataset) == 0:
             raise SpecgraftError(f"the training data {r.data.path} is empty after filtering; check data.path and "
                                  "that conversations have assistant turns")

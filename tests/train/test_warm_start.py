@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
@@ -93,3 +94,40 @@ def test_a_renamed_target_of_the_same_architecture_warns(tiny_run, tmp_path, cap
         assert cli_main(["train", str(recipe), "--no-progress"]) == 0
     assert any("same architecture and tokenizer" in r.message and "name_or_path" in r.message
                for r in caplog.records)
+
+
+def test_replay_share_is_honoured(tiny_run, tmp_path):  # noqa: F811
+    """data.replay_path mixes rows of the original data in: they make data.replay_share of the training rows."""
+    from specgraft.data import build_dataset
+    from specgraft.data.dataset import mix_replay
+
+    _, write_recipe = tiny_run
+    original = tmp_path / "original.txt"
+    original.write_text("\n\n".join(f"The red fox number {i} jumps over the lazy dog again." for i in range(40)))
+    recipe = load_recipe(write_recipe("replay.yaml", data={"replay_path": str(original), "replay_share": 0.25},
+                                      output={"dir": str(tmp_path / "replay")}))
+    trainer = HeadTrainer(recipe, show_progress=False)
+    trainer.setup()
+    new, replayed = trainer.data_facts["new_rows"], trainer.data_facts["replay_rows"]
+    assert replayed == round(0.25 / 0.75 * new) > 0 and len(trainer.dataset) == new + replayed
+    assert replayed / len(trainer.dataset) == pytest.approx(0.25, abs=0.5 / len(trainer.dataset))
+    import dataclasses
+
+    replay_rows = build_dataset(dataclasses.replace(recipe.data, path=str(original), eval_fraction=0.0,
+                                                    replay_path=None), trainer.target.tokenizer)["train"]
+    pool = {tuple(r) for r in replay_rows["input_ids"]}
+    assert all(tuple(r) in pool for r in trainer.dataset.select(range(new, len(trainer.dataset)))["input_ids"])
+    trainer.cleanup()
+
+    # Too few replay rows: the shuffled rows repeat whole; a share of 0 adds none.
+    from datasets import Dataset
+
+    train = Dataset.from_dict({"input_ids": [[i] for i in range(9)]})
+    replay = Dataset.from_dict({"input_ids": [[100 + i] for i in range(2)]})
+    mixed = mix_replay(train, replay, 0.5, seed=0)
+    from collections import Counter
+
+    assert len(mixed) == 18
+    assert sorted(Counter(r[0] for r in mixed["input_ids"][9:]).items(), key=lambda kv: kv[0])[0][0] == 100
+    assert sorted(Counter(r[0] for r in mixed["input_ids"][9:]).values()) == [4, 5]
+    assert len(mix_replay(train, replay, 0.0, seed=0)) == 9
