@@ -80,6 +80,12 @@ class DataConfig:
     plain text, each paragraph becomes its first sentence followed by the target's continuation of it."""
     regenerate_max_new_tokens: int = 512
     regenerate_temperature: float = 0.0
+    replay_path: str | None = None
+    """Rows of another data set mixed into the training rows, read with this section's settings (its own eval split
+    is not taken): when adapting a warm-started head (head.init_from) to new data, the head's original data, so its
+    original domains do not collapse."""
+    replay_share: float = 0.1
+    """With replay_path: the share of the training rows drawn from it (seeded; rows repeat when it has too few)."""
 
     def validate(self, path: str) -> None:
         check_choice(f"{path}.format", self.format, ("auto", "sharegpt", "messages", "text", "disk"))
@@ -91,6 +97,7 @@ class DataConfig:
         check_positive(f"{path}.regenerate_max_new_tokens", self.regenerate_max_new_tokens)
         check_range(f"{path}.regenerate_temperature", self.regenerate_temperature, 0.0, None)
         check_range(f"{path}.seed", self.seed, 0, None)
+        check_range(f"{path}.replay_share", self.replay_share, 0.0, 1.0, high_open=True)
 
 
 @dataclass
@@ -197,7 +204,25 @@ class TrainingConfig:
     keep_checkpoints: int = 2
     log_every: int = 10
     eval_every: int = 0
-    """Evaluate on the held-out split every N steps (0 disables)."""
+    """Every N optimizer steps and at the last, measure the head's acceptance on the held-out split (data.eval_fraction
+    > 0): the simulated tau of its served drafting setting (``eval_setting``) from teacher-forced per-(depth, rank)
+    acceptance, and a real decoder run when ``eval_prompts`` > 0. Logged to the tracker (``eval/...``), the progress
+    bar and ``metrics.jsonl`` in output.dir; the head with the best tau so far is kept in ``best/``. Head training
+    only; 0 disables."""
+    eval_batches: int = 8
+    """Held-out micro-batches read by each simulated-tau measurement (the first ones)."""
+    eval_prompts: int = 0
+    """Held-out prompts (rows cut before their first assistant token) decoded at each measurement by the lossless
+    speculative decoder and by plain decoding: the decoder's tau and a token-identity check. 0: simulated tau
+    only."""
+    eval_max_new_tokens: int = 32
+    """Tokens generated per prompt by the decoder run of ``eval_prompts``."""
+    eval_setting: dict[str, Any] | None = None
+    """The drafting setting measured (the keys of a tuned.json setting, e.g. ``{mode: chain, depth: 4}`` or ``{mode:
+    tree, top_k: 4, depth: 4, total_tokens: 16}``); None: the family's default (what ``specgraft eval --head``
+    drafts untuned)."""
+    eval_best_by: str = "sim_tau"
+    """Which measurement picks ``best/``: sim_tau | decoder_tau (needs ``eval_prompts`` > 0)."""
     features: str = "online"
     """online (target forward each step) | offline (precomputed feature cache)."""
     feature_cache_dir: str | None = None
@@ -234,6 +259,14 @@ class TrainingConfig:
         check_positive(f"{path}.keep_checkpoints", self.keep_checkpoints)
         check_positive(f"{path}.log_every", self.log_every)
         check_range(f"{path}.eval_every", self.eval_every, 0, None)
+        check_positive(f"{path}.eval_batches", self.eval_batches)
+        check_range(f"{path}.eval_prompts", self.eval_prompts, 0, None)
+        check_positive(f"{path}.eval_max_new_tokens", self.eval_max_new_tokens)
+        check_choice(f"{path}.eval_best_by", self.eval_best_by, ("sim_tau", "decoder_tau"))
+        if self.eval_best_by == "decoder_tau" and self.eval_prompts == 0:
+            raise ConfigError(f"{path}.eval_best_by is decoder_tau but {path}.eval_prompts is 0; set "
+                              f"{path}.eval_prompts to the number of held-out prompts to decode, or eval_best_by="
+                              "sim_tau")
         check_positive(f"{path}.train_metrics_batches", self.train_metrics_batches)
         if len(self.adam_betas) != 2 or not all(math.isfinite(b) and 0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"{path}.adam_betas must be two numbers in [0, 1), got {self.adam_betas}")

@@ -429,3 +429,18 @@ def _regenerated_records(
     )
     with _main_process_first():
         return load_records(out, "messages", cache_dir=cache, num_proc=cfg.num_proc)
+
+
+def mix_replay(train: datasets.Dataset, replay: datasets.Dataset, share: float, seed: int) -> datasets.Dataset:
+    """``train`` with rows of ``replay`` added so that they make ``share`` of the result: ``round(share / (1 -
+    share) * len(train))`` rows drawn by a seeded shuffle of ``replay`` (repeated whole when it has fewer)."""
+    wanted = round(share / (1.0 - share) * len(train))
+    if wanted == 0:
+        return train
+    if len(replay) == 0:
+        raise SpecgraftError("data.replay_path has no rows after filtering; check data.replay_path")
+    order = np.random.default_rng(seed).permutation(len(replay))
+    picks = np.resize(order, wanted)  # the shuffled order, repeated whole as often as needed
+    columns = [c for c in train.column_names if c in replay.column_names]
+    replayed = replay.select_columns(columns).select(picks.tolist())
+    return datasets.concatenate_datasets([train.select_columns(columns), replayed])

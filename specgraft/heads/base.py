@@ -34,6 +34,37 @@ RECIPE_NAME = "recipe.yaml"
 ADAPTER_DIR = "adapter"  # Medusa-2's LoRA adapter (peft format) inside a head folder
 FORMAT_VERSION = 1
 
+#: Rank of a token the draft cannot propose (outside its vocabulary, or a depth it does not draft).
+UNRANKED = 2**62
+
+
+def token_ranks(logits: torch.Tensor, tokens: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+    """Rank of ``tokens`` [...] among ``logits`` [..., V'] (0 = the argmax; ties ranked first): how many candidates
+    score strictly higher. ``columns`` [V] maps a token id to its logits column (-1: not a candidate, ranked
+    :data:`UNRANKED`); None when the columns are the token ids."""
+    index = tokens if columns is None else columns.to(tokens.device)[tokens]
+    present = index >= 0
+    score = logits.gather(-1, index.clamp_min(0).unsqueeze(-1))
+    ranks = (logits > score).sum(-1)
+    return torch.where(present, ranks, torch.full_like(ranks, UNRANKED))
+
+
+def depth_ranks(logits_by_depth: Any, tokens: torch.Tensor, depth: int,
+                columns: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, T, depth] ranks for :meth:`DraftHead.acceptance_ranks` from each depth's draft logits [B, T, V'] at the
+    anchor (an iterable, read one depth at a time; depths it does not reach are :data:`UNRANKED`): depth ``d``
+    ranks ``tokens[:, i + d]``, and anchors whose depth ``d`` is past the sequence's end are :data:`UNRANKED`."""
+    batch, length = tokens.shape
+    out = torch.full((batch, length, depth), UNRANKED, dtype=torch.long, device=tokens.device)
+    for d, logits in enumerate(logits_by_depth, start=1):
+        if d > depth:
+            break
+        if d >= length:
+            continue
+        out[:, : length - d, d - 1] = token_ranks(logits[:, : length - d].float(), tokens[:, d:], columns)
+    return out
+
+
 def head_class(head_type: str) -> type[DraftHead]:
     """The registered :class:`DraftHead` class of ``head_type`` (see :mod:`specgraft.heads.registry`)."""
     from specgraft.heads.registry import get_family
@@ -134,9 +165,24 @@ class DraftHead(nn.Module):
         """Whether :meth:`loss_item_counts` needs the target's output (e.g. EAGLE-3's reduced draft vocabulary)."""
         return False
 
+    # -- held-out acceptance -----------------------------------------------------------------------------------
+    def acceptance_ranks(self, batch: dict[str, torch.Tensor], target_out: TargetOutput, tokens: torch.Tensor,
+                         depth: int) -> torch.Tensor | None:
+        """Teacher-forced draft ranks for the trainer's simulated tau (:mod:`specgraft.train.acceptance_eval`):
+        ``[B, T, depth]`` long, entry ``[b, i, d - 1]`` the rank (0 = the draft's top-1) of ``tokens[b, i + d]``
+        among the draft's depth-``d`` candidates when drafting from anchor ``i`` (the target has read tokens
+        ``0..i``; the drafter's root is token ``i + 1``, and the tokens between the root and depth ``d`` are the
+        batch's own), :data:`UNRANKED` where the head cannot draft that token or that depth. ``tokens`` are the
+        target's greedy tokens (``tokens[b, j]`` = its argmax after reading ``0..j``). Runs under ``no_grad``.
+        None (the default): the family has no simulated acceptance."""
+        return None
+
     # -- save / load -----------------------------------------------------------------------------------------
     def config_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self.config) if dataclasses.is_dataclass(self.config) else dict(self.config)
+        """The config saved in head_config.json (recipe-only fields such as ``init_from`` left out)."""
+        data = dataclasses.asdict(self.config) if dataclasses.is_dataclass(self.config) else dict(self.config)
+        data.pop("init_from", None)
+        return data
 
     def save_pretrained(self, path: str | Path, recipe: Any = None, extra: dict[str, Any] | None = None) -> Path:
         """Write the head (weights, config with the target identity, resolved recipe) atomically to ``path``."""
@@ -332,6 +378,41 @@ def load_adapter_state(peft_model: nn.Module, head_dir: Path) -> None:
     from peft import set_peft_model_state_dict
 
     set_peft_model_state_dict(peft_model, load_file(str(Path(head_dir) / ADAPTER_DIR / ADAPTER_WEIGHTS_NAME)))
+
+
+def warm_start(head: DraftHead, path: str | Path) -> dict[str, Any]:
+    """Load the weights (and buffers: EAGLE-3's draft vocabulary) of the head saved in ``path`` into ``head``
+    (``head.init_from``). Refuses in one line a head of another family, one trained for another target architecture
+    or tokenizer, or one of other sizes; a target that differs only in name or weights' source (a fine-tuned
+    target of the same base) is accepted with a warning naming the difference. Returns facts worth logging."""
+    import logging
+
+    path = Path(path)
+    meta = read_head_config(path)
+    where = f"head.init_from {path}"
+    if meta["head_type"] != head.head_type:
+        raise SpecgraftError(f"{where} is a {meta['head_type']} head but head.type is {head.head_type}; start from a "
+                             f"{head.head_type} head, or set head.type={meta['head_type']} with its settings")
+    source = TargetIdentity.from_dict(meta["target"])
+    diffs = source.mismatches(head.target_identity)
+    if diffs:
+        raise SpecgraftError(f"{where} was trained for another target architecture ({'; '.join(diffs)}); a head "
+                             "warm-starts only on its own target's architecture and tokenizer: train a fresh head "
+                             "(drop head.init_from)")
+    differs = [f"{name} {getattr(source, name)!r} vs {getattr(head.target_identity, name)!r}"
+               for name in ("name_or_path", "model_type", "source")
+               if getattr(source, name) != getattr(head.target_identity, name)]
+    if differs:
+        logging.getLogger(__name__).warning(
+            "%s was trained on another target of the same architecture and tokenizer (%s): warm-starting on it, as "
+            "for a fine-tuned target of the same base", where, "; ".join(differs))
+    state = read_head_weights(path)
+    try:
+        load_checked_state(head, state, where)
+    except HeadWeightsMismatch as exc:
+        raise SpecgraftError(f"{exc}; set this recipe's head: section to the source head's sizes (its "
+                             f"{HEAD_CONFIG_NAME} config)") from None
+    return {"warm_started_from": str(path), "warm_start_target_differs": "; ".join(differs)}
 
 
 def load_head_weights(head: DraftHead, head_dir: Path) -> None:

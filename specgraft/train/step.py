@@ -95,11 +95,17 @@ class HeadTrainStep:
 
     def build(self, trainer: RecipeTrainer, target: Target) -> tuple[nn.Module, ParamGroups]:
         r, tr = self.recipe, self.recipe.training
-        head = head_class(r.head.type).build(target, r.head.resolve(target))
+        config = r.head.resolve(target)
+        init_from = getattr(config, "init_from", None)
+        head = head_class(r.head.type).build(target, config)
         self.head = head
         counts, heldout = loss_token_counts(trainer.dataset, target.vocab_size,
                                             getattr(r.head, "draft_vocab_heldout_every", 0))
         facts = head.prepare_from_data(counts, heldout) or {}
+        if init_from:  # after prepare_from_data: the source head's draft vocabulary replaces the data's
+            from specgraft.heads.base import warm_start
+
+            facts = {**facts, **warm_start(head, init_from)}
         trainer.data_facts.update(facts)
         for key, value in facts.items():
             logger.info("%s: %s", key, value)
@@ -156,7 +162,7 @@ class HeadTrainStep:
         pad_id = pad_token_id(trainer.target.tokenizer)
         loader = DataLoader(source.with_format("torch") if hasattr(source, "with_format") else source,
                             batch_size=self.recipe.training.micro_batch_size,
-                            collate_fn=lambda feats: _collate_tokens(feats, pad_id))
+                            collate_fn=lambda feats: collate_tokens(feats, pad_id))
         return hook(self.head, trainer.target, loader, max_batches=self.recipe.training.train_metrics_batches,
                     measured_on="held-out" if source is held_out else "training")
 
@@ -178,7 +184,7 @@ def loss_token_counts(dataset: Any, vocab_size: int, heldout_every: int = 0
             token_frequencies(dataset.select(held), vocab_size, only_loss_tokens=True))
 
 
-def _collate_tokens(features: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+def collate_tokens(features: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
     from specgraft.data import pad_collate
 
     # Cached-feature rows carry their features too; accuracy is measured from the target itself.

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import resource
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -57,7 +58,15 @@ RESUMABLE_CHANGES = ("training.max_steps", "training.checkpoint_every", "trainin
 #: Recipe fields added after checkpoints were first written, with the value every earlier run had implicitly: at
 #: that value they are left out of the fingerprint, so a checkpoint written before the field existed still resumes.
 FIELDS_ADDED_LATER = {"lora.learning_rate_divisor": 4.0, "training.train_metrics_batches": 16,
-                      "distill.alpha_eval_train_rows": 32, "distill.alpha_eval_max_rows": 512}
+                      "distill.alpha_eval_train_rows": 32, "distill.alpha_eval_max_rows": 512,
+                      "training.eval_batches": 8, "training.eval_prompts": 0, "training.eval_max_new_tokens": 32,
+                      "training.eval_setting": None, "training.eval_best_by": "sim_tau",
+                      "data.replay_path": None, "data.replay_share": 0.1}
+
+#: Inside output.dir: the head with the best held-out tau so far (``training.eval_every``).
+BEST_DIR = "best"
+#: Inside output.dir: one JSON line per held-out acceptance measurement.
+METRICS_FILE = "metrics.jsonl"
 _ALWAYS = object()  # drop(): remove the field whatever its value
 
 
@@ -144,10 +153,18 @@ class RecipeTrainer:
         dataset: an already tokenised dataset with input_ids/attention_mask/loss_mask; built from
             ``recipe.data`` when None.
         show_progress: draw a progress bar on the main process.
+        eval_dataset: held-out tokenised rows for ``training.eval_every`` when ``dataset`` is given (otherwise
+            the eval split of ``recipe.data``).
+
+    Acceptance during training (``training.eval_every``, head training): the main process measures the head's
+    held-out simulated tau (and a decoder run, ``training.eval_prompts``; :mod:`specgraft.train.acceptance_eval`)
+    while the others wait, logs it (tracker ``eval/...``, progress bar, ``metrics.jsonl``), keeps the best head in
+    ``best/`` and records the best in every checkpoint, so a resumed run keeps the uninterrupted run's ``best/``.
     """
 
     def __init__(self, recipe: Recipe | DistillRecipe, train_step: TrainStep, resume: bool = False,
-                 target: Target | None = None, dataset: Any = None, show_progress: bool = True) -> None:
+                 target: Target | None = None, dataset: Any = None, show_progress: bool = True,
+                 eval_dataset: Any = None) -> None:
         self.recipe = recipe
         self.train_step = train_step
         self.final_dir = train_step.final_dir
@@ -155,7 +172,11 @@ class RecipeTrainer:
         self.target = target
         self.dataset = dataset
         #: Held-out rows of ``recipe.data`` (its eval split; None when the dataset was given or has none).
-        self.eval_dataset: Any = None
+        self.eval_dataset: Any = eval_dataset
+        #: The best held-out acceptance so far (``training.eval_every``): ``{"value", "step", "by"}``, or None.
+        self.best_eval: dict[str, Any] | None = None
+        #: Seconds this process spent in acceptance measurements (its share of the training time is reported).
+        self.eval_seconds = 0.0
         self.show_progress = show_progress
         self.output_dir = Path(recipe.output.dir)
         self.fingerprint = recipe_fingerprint(recipe)
@@ -230,9 +251,21 @@ class RecipeTrainer:
             splits = build_dataset(r.data, target.tokenizer, model=target.model if r.data.regenerate else None)
             self.dataset = splits["train"]
             self.eval_dataset = splits.get("eval") if hasattr(splits, "get") else None
+            if r.data.replay_path:
+                from specgraft.data.dataset import mix_replay
+
+                replay_cfg = dataclasses.replace(r.data, path=r.data.replay_path, eval_fraction=0.0, replay_path=None)
+                replay = build_dataset(replay_cfg, target.tokenizer,
+                                       model=target.model if replay_cfg.regenerate else None)["train"]
+                before = len(self.dataset)
+                self.dataset = mix_replay(self.dataset, replay, r.data.replay_share, r.data.seed)
+                self.data_facts.update({"replay_rows": len(self.dataset) - before, "new_rows": before})
+                logger.info("data.replay_path: %d of %d training rows replayed from %s", len(self.dataset) - before,
+                            len(self.dataset), r.data.replay_path)
         if len(self.dataset) == 0:
             raise SpecgraftError(f"the training data {r.data.path} is empty after filtering; check data.path and "
                                  "that conversations have assistant turns")
+        self._check_acceptance_eval()
 
         step_module, groups = self.train_step.build(self, target)
         step_module.to(acc.device)
@@ -266,6 +299,10 @@ class RecipeTrainer:
         if acc.is_main_process:
             mark_output(self.output_dir, self.command)
             save_recipe(r, self.output_dir / RECIPE_NAME)
+            if not self.resume:  # a fresh run (output.overwrite): an earlier run's measurements are not this one's
+                (self.output_dir / METRICS_FILE).unlink(missing_ok=True)
+                if (self.output_dir / BEST_DIR).is_dir():
+                    shutil.rmtree(self.output_dir / BEST_DIR)
         if tracker is not None:
             acc.init_trackers(r.tracking.project, config=_flatten(to_dict(r)),
                               init_kwargs={"wandb": {"name": r.tracking.run_name}} if tracker == "wandb" else {})
@@ -399,6 +436,7 @@ class RecipeTrainer:
             "scheduler": _jsonable(self.scheduler.state_dict()),
             "rng": rng_states,
             "num_processes": acc.num_processes,
+            "best_eval": self.best_eval,
         }
         path = ckpt.save_checkpoint(
             self.output_dir, self.step,
@@ -414,6 +452,8 @@ class RecipeTrainer:
         folder = ckpt.latest_good_checkpoint(self.output_dir)
         if folder is None:
             logger.info("no checkpoint in %s: starting from scratch", self.output_dir)
+            if self.accelerator.is_main_process:
+                self._drop_metrics_after(0)
             return
         state, optimizer_state = ckpt.load_checkpoint_state(folder)
         if self.uses_deepspeed:
@@ -431,6 +471,9 @@ class RecipeTrainer:
         self.step = int(state["step"])
         self.micro_step = int(state["micro_step"])
         self.tokens_seen = int(state["tokens_seen"])
+        self.best_eval = state.get("best_eval")
+        if self.accelerator.is_main_process:
+            self._drop_metrics_after(self.step)
         rng = state["rng"]
         ckpt.restore_rng_state(rng[min(self.accelerator.process_index, len(rng) - 1)])
         logger.info("resumed from %s (step %d)", folder, self.step)
@@ -535,6 +578,10 @@ class RecipeTrainer:
                 bar.set_postfix(loss=f"{logs['loss']:.3f}", tok_s=f"{logs['tokens_per_s']:.0f}")
                 window, window_start, log_tokens = [], time.perf_counter(), 0
             self.train_step.after_optimizer_step(self)
+            if tr.eval_every and (self.step % tr.eval_every == 0 or self.step == tr.max_steps):
+                record = self.evaluate_acceptance(started_at=start_time)
+                if record is not None:
+                    bar.set_postfix(tau=f"{record['sim_tau']:.3f}", best=f"{self.best_eval['value']:.3f}")
             if self.step % tr.checkpoint_every == 0 or self.step == tr.max_steps:
                 log_tokens += read_tokens()  # the checkpoint records tokens_seen
                 last_good = self.save_checkpoint() or last_good
@@ -550,9 +597,107 @@ class RecipeTrainer:
             "num_processes": acc.num_processes,
             **{k: v for k, v in self.data_facts.items() if isinstance(v, (int, float, str))},
         }
+        if tr.eval_every:
+            summary["eval_time_fraction"] = self.eval_seconds / max(elapsed, 1e-9)
+            if self.best_eval is not None:
+                summary.update({"best_eval_step": self.best_eval["step"], f"best_{self.best_eval['by']}":
+                                self.best_eval["value"]})
         summary.update(self.train_step.finalize(self))
         self.save_final(summary)
         return summary
+
+    # -- acceptance during training ----------------------------------------------------------------------------
+    def _check_acceptance_eval(self) -> None:
+        """``training.eval_every`` needs a head whose family measures simulated acceptance, and held-out rows."""
+        if not self.recipe.training.eval_every:
+            return
+        if not isinstance(self.recipe, Recipe):
+            raise SpecgraftError("training.eval_every measures a draft head's tau; distillation measures its held-out "
+                                 "alpha every distill.alpha_eval_every steps: set training.eval_every=0")
+        head_type = self.recipe.head.type
+        from specgraft.heads.base import head_class
+        from specgraft.heads.registry import get_family
+
+        if (head_class(head_type).acceptance_ranks is DraftHead.acceptance_ranks
+                or "expected_accepted" not in get_family(head_type).hooks):
+            raise SpecgraftError(f"the {head_type} family does not measure held-out acceptance during training; set "
+                                 "training.eval_every=0 and evaluate the result with `specgraft eval`")
+        if self.eval_dataset is None or len(self.eval_dataset) == 0:
+            raise SpecgraftError("training.eval_every measures acceptance on held-out rows but the data has none; set "
+                                 "data.eval_fraction (e.g. 0.02) or training.eval_every=0")
+
+    def evaluate_acceptance(self, started_at: float) -> dict[str, Any] | None:
+        """Measure the head's held-out acceptance on the main process (the others wait), log it, keep ``best/``;
+        returns the record (None on the other processes). The RNG state is restored afterwards, so measuring
+        does not change the training trajectory. ``started_at``: ``time.perf_counter()`` when this process began
+        training (``eval_time_fraction`` is the share of the time since then spent measuring)."""
+        acc = self.accelerator
+        started = time.perf_counter()
+        record = None
+        if acc.is_main_process:
+            rng = ckpt.capture_rng_state()
+            try:
+                record = self._measure_acceptance()
+            finally:
+                ckpt.restore_rng_state(rng)
+        acc.wait_for_everyone()
+        seconds = time.perf_counter() - started
+        self.eval_seconds += seconds
+        if record is None:
+            return None
+        by = self.recipe.training.eval_best_by
+        value = record[by]
+        if value == value and (self.best_eval is None or value > self.best_eval["value"]):  # NaN never wins
+            self.best_eval = {"value": value, "step": self.step, "by": by}
+            self.train_step.save(self, self.output_dir / BEST_DIR, extra={"training": {"step": self.step,
+                                                                                        "eval": record}})
+        record.update({"eval_s": seconds,
+                       "eval_time_fraction": self.eval_seconds / max(time.perf_counter() - started_at, 1e-9),
+                       "best_step": self.best_eval["step"] if self.best_eval else None})
+        acc.log({f"eval/{k}": v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"},
+                step=self.step)
+        with open(self.output_dir / METRICS_FILE, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        logger.info("step %d: held-out simulated tau %.3f%s (measured in %.1f s)", self.step, record["sim_tau"],
+                    f", decoder tau {record['decoder_tau']:.3f} ({record['decoder_identical']}/"
+                    f"{record['decoder_prompts']} token-identical)" if "decoder_tau" in record else "", seconds)
+        return record
+
+    def _measure_acceptance(self) -> dict[str, Any]:
+        from specgraft.train.acceptance_eval import (
+            collect_rank_statistics,
+            decoder_tau,
+            prompt_ids,
+            served_setting,
+            setting_widths,
+            simulated_tau,
+        )
+        from specgraft.train.step import collate_tokens
+
+        tr, head, target = self.recipe.training, self.train_step.head, self.target
+        setting = served_setting(head, tr.eval_setting)
+        rows = self.eval_dataset
+        pad_id = pad_token_id(target.tokenizer)
+        loader = DataLoader(rows.with_format("torch") if hasattr(rows, "with_format") else rows,
+                            batch_size=tr.micro_batch_size, collate_fn=functools.partial(collate_tokens, pad_id=pad_id))
+        statistics = collect_rank_statistics(head, target, loader, setting_widths(setting), tr.eval_batches)
+        record: dict[str, Any] = {"step": self.step, "setting": setting, **simulated_tau(head, setting, statistics)}
+        if tr.eval_prompts:
+            prompts = [prompt_ids(rows[i]) for i in range(min(tr.eval_prompts, len(rows)))]
+            record.update(decoder_tau(head, target, setting, prompts, tr.eval_max_new_tokens))
+        return record
+
+    def _drop_metrics_after(self, step: int) -> None:
+        """Forget measurements a killed run made after the checkpoint it resumes from (they are made again)."""
+        path = self.output_dir / METRICS_FILE
+        if not path.is_file():
+            return
+        lines = path.read_text(encoding="utf-8").splitlines()
+        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+        if len(kept) != len(lines):
+            from specgraft.utils.io import atomic_write_text
+
+            atomic_write_text(path, "".join(line + "\n" for line in kept))
 
     def _prepare_step(self, group: list[dict[str, Any]]
                       ) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor] | None]:
@@ -627,9 +772,9 @@ class HeadTrainer(RecipeTrainer):
     command = "train"
 
     def __init__(self, recipe: Recipe, resume: bool = False, target: Target | None = None, dataset: Any = None,
-                 show_progress: bool = True) -> None:
+                 show_progress: bool = True, eval_dataset: Any = None) -> None:
         super().__init__(recipe, HeadTrainStep(recipe), resume=resume, target=target, dataset=dataset,
-                         show_progress=show_progress)
+                         show_progress=show_progress, eval_dataset=eval_dataset)
 
     @property
     def head(self) -> DraftHead | None:

@@ -76,3 +76,25 @@ def test_distillation_two_processes_match_one_process(tiny_run, tmp_path):  # no
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
     print(f"distill: max |1-process - 2-process| student weight difference: {worst:.3g}")
     assert worst <= TOLERANCE, f"1-process and 2-process students differ by {worst}"
+
+
+@pytest.mark.slow
+def test_held_out_acceptance_is_measured_once_across_processes(tiny_run, tmp_path):  # noqa: F811
+    """training.eval_every in a 2-process run: the main process measures, once per evaluation step."""
+    import json
+
+    _, write_recipe = tiny_run
+    recipe = write_recipe("eval.yaml", training={"max_steps": 4, "micro_batch_size": 2, "checkpoint_every": 100,
+                                                 "log_every": 1, "eval_every": 2, "eval_prompts": 1,
+                                                 "eval_max_new_tokens": 8,
+                                                 "eval_setting": {"mode": "chain", "depth": 2}},
+                          head={"type": "eagle3", "ttt_steps": 2}, output={"dir": str(tmp_path / "eval")},
+                          data={"eval_fraction": 0.2})
+    run = run_torchrun(["-m", "specgraft.train", str(recipe), "--no-progress"], env=_env())
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4]
+    assert all(r["sim_tau"] >= 1.0 and r["decoder_identical"] == r["decoder_prompts"] == 1 for r in records)
+    summary = json.loads((tmp_path / "eval" / "train_summary.json").read_text())
+    assert summary["num_processes"] == 2 and 0 < summary["eval_time_fraction"] < 1
+    assert (tmp_path / "eval" / "best" / "head.safetensors").is_file()

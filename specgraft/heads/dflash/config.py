@@ -29,6 +29,11 @@ class DFlashConfig:
     """Hyper-parameters of a DFlash head: the recipe's ``head:`` section (``type: dflash``) and ``head_config.json``."""
 
     type: ClassVar[str] = "dflash"
+    init_from: str | None = None
+    """Training only: start from the head saved in this folder (the same family, trained on the same target
+    architecture and tokenizer; a fine-tuned target of the same base is accepted with a warning naming what
+    differs) instead of a fresh head: warm start or domain adaptation (often with a smaller
+    training.learning_rate). Its sizes must be this section's. Not stored in the trained head's config."""
 
     block_size: int = 8
     """Slots per block: the anchor plus ``block_size - 1`` tokens drafted in one forward (>= 2)."""

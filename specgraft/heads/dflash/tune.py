@@ -133,6 +133,13 @@ def predict(setting: Mapping[str, Any], profile: CostProfile, costs: Mapping[str
     return _candidate(full, calibration_probabilities(calibration), profile, chain_s)
 
 
+def expected_accepted(setting: Mapping[str, Any], probs: list[list[float]]) -> float:
+    """Expected accepted drafts per step of a chain or per-slot top-k tree under ``p[d][r]`` (the trainer's
+    simulated tau)."""
+    top_k = int(setting.get("top_k") or 2) if setting.get("mode") == "tree" else 1
+    return tree_value(setting_paths(int(setting["depth"]), top_k), probs)
+
+
 def setting_label(setting: Mapping[str, Any]) -> str:
     if setting.get("mode") == "tree":
         depth, top_k = int(setting["depth"]), int(setting["top_k"])
@@ -154,4 +161,5 @@ def is_default_run(report: Mapping[str, Any], head: DFlashHead) -> bool:
 #: The registry hooks of this search (see :mod:`specgraft.heads.registry`).
 HOOKS = {"default_setting": default_setting, "calibration_setting": calibration_setting,
          "profile_drafter": profile_drafter, "tune_candidates": candidates, "tune_predict": predict,
-         "setting_label": setting_label, "same_setting": same_setting, "is_default_run": is_default_run}
+         "setting_label": setting_label, "same_setting": same_setting, "is_default_run": is_default_run,
+         "expected_accepted": expected_accepted}

@@ -15,6 +15,11 @@ class EagleConfig:
     """Hyper-parameters of an EAGLE-1/2 head."""
 
     type: ClassVar[str] = "eagle"
+    init_from: str | None = None
+    """Training only: start from the head saved in this folder (the same family, trained on the same target
+    architecture and tokenizer; a fine-tuned target of the same base is accepted with a warning naming what
+    differs) instead of a fresh head: warm start or domain adaptation (often with a smaller
+    training.learning_rate). Its sizes must be this section's. Not stored in the trained head's config."""
 
     num_layers: int = 1
     """Draft decoder layers of the target's family (the reference uses one)."""

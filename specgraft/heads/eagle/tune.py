@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from specgraft.errors import SpecgraftError
-from specgraft.eval.acceptance import calibration_probabilities, optimal_tree
+from specgraft.eval.acceptance import calibration_probabilities, optimal_tree, tree_value
 from specgraft.eval.search import max_verified_tokens, monotone, section_table
 from specgraft.heads.eagle.drafter import EagleDrafter, drafter_from_setting
 
@@ -142,6 +142,15 @@ def predict(setting: Mapping[str, Any], profile: CostProfile, costs: Mapping[str
     return _tree(dict(setting), probs, profile, tree_s[key], dynamic_tree_scale(probs, calibration))[0]
 
 
+def expected_accepted(setting: Mapping[str, Any], probs: list[list[float]]) -> float:
+    """Expected accepted drafts per step of a chain or dynamic-tree setting under ``p[d][r]``: the chain's
+    top-1 reach, a tree's static optimum (unscaled: no calibration run of a dynamic tree to scale it by). The
+    trainer's simulated tau (:mod:`specgraft.train.acceptance_eval`) reads it."""
+    if setting.get("mode") == "chain":
+        return tree_value([(0,) * d for d in range(1, int(setting["depth"]) + 1)], probs)
+    return _static_tree(setting, probs)[0]
+
+
 def setting_label(setting: Mapping[str, Any]) -> str:
     if setting.get("mode") == "chain":
         return f"chain of depth {setting['depth']}"
@@ -171,4 +180,4 @@ def is_default_run(report: Mapping[str, Any], head: EagleHeadBase) -> bool:
 #: The registry hooks of this search (EAGLE-1/2 and EAGLE-3 alike; see :mod:`specgraft.heads.registry`).
 HOOKS = {"default_setting": default_setting, "profile_drafter": profile_drafter, "tune_candidates": candidates,
          "tune_predict": predict, "setting_label": setting_label, "same_setting": same_setting,
-         "is_default_run": is_default_run}
+         "is_default_run": is_default_run, "expected_accepted": expected_accepted}

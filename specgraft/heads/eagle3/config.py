@@ -20,6 +20,11 @@ class Eagle3Config:
     """Hyper-parameters of an EAGLE-3 head."""
 
     type: ClassVar[str] = "eagle3"
+    init_from: str | None = None
+    """Training only: start from the head saved in this folder (the same family, trained on the same target
+    architecture and tokenizer; a fine-tuned target of the same base is accepted with a warning naming what
+    differs) instead of a fresh head: warm start or domain adaptation (often with a smaller
+    training.learning_rate). Its sizes must be this section's. Not stored in the trained head's config."""
 
     feature_layers: list[int] | None = None
     """output_hidden_states indices of the target fused by fc; unset: (2, N//2, N-3) of the target."""

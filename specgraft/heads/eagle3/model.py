@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgraft.errors import SpecgraftError
-from specgraft.heads.base import HeadLoss
+from specgraft.heads.base import HeadLoss, depth_ranks
 from specgraft.heads.draft_vocab import (
     build_draft_vocab,
     check_draft_vocab_size,
@@ -213,6 +213,20 @@ class Eagle3Head(EagleHeadBase):
                    steps: int | None = None) -> list[torch.Tensor]:
         """Draft-vocab logits [B, T, Vd] of each TTT step (see :meth:`ttt_outputs`)."""
         return [self.lm_head(self.norm(out)) for out in self.ttt_outputs(batch, target_out, steps)]
+
+    @torch.no_grad()
+    def acceptance_ranks(self, batch: dict[str, torch.Tensor], target_out: TargetOutput, tokens: torch.Tensor,
+                         depth: int) -> torch.Tensor:
+        """TTT step ``d - 1`` at anchor ``i`` is the depth-``d`` draft (its input tokens ``x_{i+1..i+d}``, the
+        root and the accepted drafts); tokens outside the draft vocabulary are unranked (see
+        :meth:`DraftHead.acceptance_ranks`)."""
+        columns = None
+        if self.config.draft_vocab_size != self.target.vocab_size:
+            ids = self.draft_token_ids().to(tokens.device)
+            columns = torch.full((self.target.vocab_size,), -1, dtype=torch.long, device=tokens.device)
+            columns[ids] = torch.arange(ids.numel(), device=tokens.device)
+        logits = (self.lm_head(self.norm(out)) for out in self.ttt_outputs(batch, target_out, steps=depth))
+        return depth_ranks(logits, tokens, depth, columns)
 
     def _soft_targets(self, target_out: TargetOutput) -> torch.Tensor:
         """[B, T, V] the target's logits (recomputed from its post-norm last layer when only features are cached)."""

@@ -15,6 +15,11 @@ class MedusaConfig:
     """Hyper-parameters of a set of Medusa heads."""
 
     type: ClassVar[str] = "medusa"
+    init_from: str | None = None
+    """Training only: start from the head saved in this folder (the same family, trained on the same target
+    architecture and tokenizer; a fine-tuned target of the same base is accepted with a warning naming what
+    differs) instead of a fresh head: warm start or domain adaptation (often with a smaller
+    training.learning_rate). Its sizes must be this section's. Not stored in the trained head's config."""
 
     num_heads: int = 3
     """K: head k predicts the token k+2 positions ahead."""

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgraft.errors import SpecgraftError
-from specgraft.heads.base import DraftHead, HeadLoss
+from specgraft.heads.base import DraftHead, HeadLoss, depth_ranks
 from specgraft.heads.losses import decayed_sum, item_mean, linear_cross_entropy
 from specgraft.heads.medusa.config import MedusaConfig
 from specgraft.target import Target, TargetOutput
@@ -136,6 +136,15 @@ class MedusaHead(DraftHead):
             return self.target.plain_output_head()
         projection = self.lm_heads[k]
         return projection if not self._softcap and type(projection) is nn.Linear else None
+
+    @torch.no_grad()
+    def acceptance_ranks(self, batch: dict[str, torch.Tensor], target_out: TargetOutput, tokens: torch.Tensor,
+                         depth: int) -> torch.Tensor:
+        """Head ``d - 1`` at anchor ``i`` drafts depth ``d`` (it predicts token ``i + d + 1``); depths past the
+        last head are unranked (see :meth:`DraftHead.acceptance_ranks`)."""
+        hidden = target_out.hidden_states[self.target.num_layers]
+        logits = (self.head_logits(hidden, k) for k in range(min(depth, self.num_heads)))
+        return depth_ranks(logits, tokens, depth)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[B, T, h] last hidden states -> [K, B, T, V] logits (head k predicts position t + k + 2)."""

@@ -110,6 +110,12 @@ def predict(setting: Mapping[str, Any], profile: CostProfile, costs: Mapping[str
     return _prediction(dict(setting), paths, tree_value(paths, probs), profile, costs.get("per_call_s") or {})
 
 
+def expected_accepted(setting: Mapping[str, Any], probs: list[list[float]]) -> float:
+    """Expected accepted drafts per step of a static tree (``setting["paths"]``) under ``p[d][r]`` (the trainer's
+    simulated tau)."""
+    return tree_value([tuple(p) for p in setting["paths"]], probs)
+
+
 def setting_label(setting: Mapping[str, Any]) -> str:
     return f"{setting.get('mode')} of {setting.get('tree_size')} tokens, depth {setting.get('depth')}"
 
@@ -127,4 +133,4 @@ def is_default_run(report: Mapping[str, Any], head: MedusaHead) -> bool:
 #: The registry hooks of this search (see :mod:`specgraft.heads.registry`).
 HOOKS = {"default_setting": default_setting, "profile_drafter": profile_drafter, "tune_candidates": candidates,
          "tune_predict": predict, "setting_label": setting_label, "same_setting": same_setting,
-         "is_default_run": is_default_run}
+         "is_default_run": is_default_run, "expected_accepted": expected_accepted}

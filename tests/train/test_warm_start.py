@@ -1,0 +1,133 @@
+"""Warm start (``head.init_from``): the trained head starts as the source head, and heads of another family or
+another target architecture are refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from specgraft.cli import main as cli_main
+from specgraft.config import load_recipe
+from specgraft.heads import load_head
+from specgraft.target import load_target
+from specgraft.train.trainer import HeadTrainer
+
+from .test_trainer import tiny_run  # noqa: F401  (fixture)
+
+
+def _source(write_recipe, tmp_path: Path, head: dict, name: str) -> Path:
+    recipe = write_recipe(f"{name}.yaml", head=head, output={"dir": str(tmp_path / name)},
+                          training={"max_steps": 4})
+    assert cli_main(["train", str(recipe), "--no-progress"]) == 0
+    return tmp_path / name / "head"
+
+
+def test_warm_start_reproduces_the_source_head_at_step_0(tiny_run, tmp_path):  # noqa: F811
+    model_dir, write_recipe = tiny_run
+    head_cfg = {"type": "eagle3", "ttt_steps": 2}
+    source = _source(write_recipe, tmp_path, head_cfg, "source")
+    recipe = load_recipe(write_recipe("warm.yaml", head={**head_cfg, "init_from": str(source)},
+                                      output={"dir": str(tmp_path / "warm")}))
+    trainer = HeadTrainer(recipe, show_progress=False)
+    trainer.setup()
+    saved = load_file(source / "head.safetensors")
+    state = trainer.head.state_dict()
+    assert saved.keys() == state.keys() and all(torch.equal(saved[k], state[k].cpu()) for k in saved)
+    # The same loss as the source head on a batch (EAGLE-3's draft vocabulary included).
+    target = trainer.target
+    reference = load_head(target, source)
+    batch = next(iter(trainer.loader))
+    out = target(batch["input_ids"], batch["attention_mask"], layers=reference.required_layers(), logits=True)
+    with torch.no_grad():
+        assert trainer.head.training_loss(batch, out).loss == reference.training_loss(batch, out).loss
+    trainer.cleanup()
+    # The trained head's config does not carry init_from; its recipe records where it started.
+    assert cli_main(["train", str(tmp_path / "warm.yaml"), "training.max_steps=2", "--no-progress"]) == 0
+    meta = json.loads((tmp_path / "warm" / "head" / "head_config.json").read_text())
+    assert "init_from" not in meta["config"]
+    assert yaml.safe_load((tmp_path / "warm" / "head" / "recipe.yaml").read_text())["head"]["init_from"] == \
+        str(source)
+    load_head(load_target(model_dir), tmp_path / "warm" / "head")
+
+
+def test_warm_start_refuses_another_family_and_another_architecture(tiny_run, tmp_path, capsys):  # noqa: F811
+    model_dir, write_recipe = tiny_run
+    source = _source(write_recipe, tmp_path, {"type": "medusa", "num_heads": 2}, "medusa")
+    capsys.readouterr()
+    recipe = write_recipe("other.yaml", head={"type": "eagle3", "ttt_steps": 2, "init_from": str(source)},
+                          output={"dir": str(tmp_path / "other")})
+    assert cli_main(["train", str(recipe), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: head.init_from") and "is a medusa head but head.type is eagle3" in err[-1]
+
+    # A target of another width: the head was trained for another architecture.
+    from specgraft.testing import tiny_model, tiny_tokenizer
+
+    wide = tmp_path / "wide"
+    tiny_model("llama", hidden_size=96).save_pretrained(wide)
+    tiny_tokenizer().save_pretrained(wide)
+    recipe = write_recipe("wide.yaml", model={"name_or_path": str(wide)},
+                          head={"type": "medusa", "num_heads": 2, "init_from": str(source)},
+                          output={"dir": str(tmp_path / "wide-out")})
+    assert cli_main(["train", str(recipe), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "another target architecture" in err[-1] and "hidden_size" in err[-1]
+    assert not (tmp_path / "wide-out" / "head").exists()
+
+
+def test_a_renamed_target_of_the_same_architecture_warns(tiny_run, tmp_path, caplog):  # noqa: F811
+    model_dir, write_recipe = tiny_run
+    source = _source(write_recipe, tmp_path, {"type": "medusa", "num_heads": 2}, "src")
+    copy = tmp_path / "finetuned"
+    import shutil
+
+    shutil.copytree(model_dir, copy)
+    recipe = write_recipe("ft.yaml", model={"name_or_path": str(copy)},
+                          head={"type": "medusa", "num_heads": 2, "init_from": str(source)},
+                          output={"dir": str(tmp_path / "ft")}, training={"max_steps": 2})
+    with caplog.at_level("WARNING"):
+        assert cli_main(["train", str(recipe), "--no-progress"]) == 0
+    assert any("same architecture and tokenizer" in r.message and "name_or_path" in r.message
+               for r in caplog.records)
+
+
+def test_replay_share_is_honoured(tiny_run, tmp_path):  # noqa: F811
+    """data.replay_path mixes rows of the original data in: they make data.replay_share of the training rows."""
+    from specgraft.data import build_dataset
+    from specgraft.data.dataset import mix_replay
+
+    _, write_recipe = tiny_run
+    original = tmp_path / "original.txt"
+    original.write_text("\n\n".join(f"The red fox number {i} jumps over the lazy dog again." for i in range(40)))
+    recipe = load_recipe(write_recipe("replay.yaml", data={"replay_path": str(original), "replay_share": 0.25},
+                                      output={"dir": str(tmp_path / "replay")}))
+    trainer = HeadTrainer(recipe, show_progress=False)
+    trainer.setup()
+    new, replayed = trainer.data_facts["new_rows"], trainer.data_facts["replay_rows"]
+    assert replayed == round(0.25 / 0.75 * new) > 0 and len(trainer.dataset) == new + replayed
+    assert replayed / len(trainer.dataset) == pytest.approx(0.25, abs=0.5 / len(trainer.dataset))
+    import dataclasses
+
+    replay_rows = build_dataset(dataclasses.replace(recipe.data, path=str(original), eval_fraction=0.0,
+                                                    replay_path=None), trainer.target.tokenizer)["train"]
+    pool = {tuple(r) for r in replay_rows["input_ids"]}
+    assert all(tuple(r) in pool for r in trainer.dataset.select(range(new, len(trainer.dataset)))["input_ids"])
+    trainer.cleanup()
+
+    # Too few replay rows: the shuffled rows repeat whole; a share of 0 adds none.
+    from datasets import Dataset
+
+    train = Dataset.from_dict({"input_ids": [[i] for i in range(9)]})
+    replay = Dataset.from_dict({"input_ids": [[100 + i] for i in range(2)]})
+    mixed = mix_replay(train, replay, 0.5, seed=0)
+    from collections import Counter
+
+    assert len(mixed) == 18
+    assert sorted(Counter(r[0] for r in mixed["input_ids"][9:]).items(), key=lambda kv: kv[0])[0][0] == 100
+    assert sorted(Counter(r[0] for r in mixed["input_ids"][9:]).values()) == [4, 5]
+    assert len(mix_replay(train, replay, 0.0, seed=0)) == 9
