@@ -162,3 +162,16 @@ def test_missing_or_other_llamacpp_build_is_named_with_the_build_command(tmp_pat
         llamacpp_bin()
     (tmp_path / "llama.cpp" / "BUILT").write_text("llama-cpp-python 0.3.36 built 2026-01-01T00:00:00Z\n")
     assert llamacpp_bin() == bin_dir
+
+
+def test_cli_llamacpp_export(saved_heads, llama_target_gguf, tmp_path, capsys):
+    code = main(["export", str(saved_heads["eagle3"]), "--format", "llamacpp", "--out", str(tmp_path / "o"),
+                 "--target-gguf", str(llama_target_gguf), "--speculative-tokens", "2"])
+    out = capsys.readouterr().out
+    assert code == 0 and "exported the eagle3 head as llamacpp" in out and "  draft.gguf" in out
+    assert "note: tiny-llama.gguf matches the head's target" in out
+    assert "--spec-draft-n-max 2" in (tmp_path / "o" / "README.md").read_text()
+    code = main(["export", str(saved_heads["eagle3"]), "--format", "llamacpp", "--out", str(tmp_path / "o"),
+                 "--target-gguf", str(llama_target_gguf)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "exists and is not empty" in err[0] and "--overwrite" in err[0]
