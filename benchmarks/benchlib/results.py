@@ -54,8 +54,9 @@ def git_commit(root: Path = ROOT) -> dict[str, Any]:
     """``{"commit": sha, "dirty": bool}`` of the checkout at ``root``; empty when git or the repository is absent."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                capture_output=True, text=True, check=True)
+        # Other result files being rewritten by an earlier run are not changes to the measured code.
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                 ":(exclude)benchmarks/results"], cwd=root, capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
         return {}
     return {"commit": sha.stdout.strip(), "dirty": bool(status.stdout.strip())}
