@@ -36,8 +36,9 @@ GGUF_SUFFIX = ".gguf"
 #: Written into every converted folder: the GGUF file's name, SHA-256 and transformers model_type.
 SOURCE_FILE = "gguf_source.json"
 CACHE_ENV = "SPECGRAFT_GGUF_CACHE"
-#: Bump when the converted folder of the same GGUF changes (invalidates cached conversions).
-CONVERTER_VERSION = 1
+#: Bump when the converted folder of the same GGUF changes (invalidates cached conversions). 2: files whose
+#: weights are not all in the file are refused (version 1 cached them with random weights).
+CONVERTER_VERSION = 2
 #: Characters of the SHA-256 in a cache folder's name (64 bits: collisions are not a practical concern).
 CACHE_KEY_CHARS = 16
 _INSTALL_HINT = "pip install 'specgraft[gguf]' (or pip install gguf)"

@@ -908,6 +908,7 @@ def run_contract(world: Path, case: Path, argv: list[str], words: str, capsys, m
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(world / "hf-home"))
+    monkeypatch.setenv("SPECGRAFT_GGUF_CACHE", str(case / "gguf-cache"))  # never the user's cache
     out_existed = (case / "out").exists()
     before = _tree(world, case)
     try:

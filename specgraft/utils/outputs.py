@@ -97,7 +97,7 @@ def check_output(out: str | os.PathLike, command: str, *, overwrite: bool,
         if not folder_has_content(out):
             return False
     if not overwrite:
-        what = "exists" if file else "is not empty"
+        what = "exists" if file else "exists and is not empty"
         raise SpecgraftError(f"{flag} {out} {what}; pass --overwrite to replace an earlier `specgraft {command}` "
                              f"output, or choose another {flag}")
     owner = marked_by(out, file)

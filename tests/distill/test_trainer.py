@@ -217,11 +217,12 @@ def test_two_processes_train_and_save_once(tiny_run, tmp_path):
 def test_num_processes_hands_off_to_accelerate_launch(tiny_run, monkeypatch, capsys):
     _, write_recipe = tiny_run
     recipe = write_recipe()
-    calls = []
-    monkeypatch.setattr(subprocess, "call", lambda cmd: calls.append(cmd) or 0)
+    calls, envs = [], []
+    monkeypatch.setattr(subprocess, "call", lambda cmd, env: calls.append(cmd) or envs.append(env) or 0)
     assert cli_main(["distill", str(recipe), "distill.loss=tvd", "--num-processes", "2", "--resume",
                      "--accelerate-config", "cfg.yaml"]) == 0
     (cmd,) = calls
+    assert envs[0]["SPECGRAFT_LAUNCHED"] == "1"  # the processes run under the launcher's output-folder lock
     assert cmd[1:] == ["launch", "--config_file", "cfg.yaml", "--num_processes", "2", "-m", "specgraft.distill",
                        str(recipe), "distill.loss=tvd", "--resume"]
     # A bad recipe fails here, before any process starts.
