@@ -1,91 +1,99 @@
 """Attention kernels against the user's own plain decoding: greedy identity and plain step time per kernel.
 
-Two measurements, written to ``benchmarks/results/kernels.json`` (or ``--out``):
+Two measurements, written through ``benchlib`` to ``benchmarks/results/kernels.json`` (``--result-name``,
+``--results-dir``), each a figure table (the refusal and crash messages and the drafters that differed go in
+``details``, keyed ``"<model> <dtype> <kernel>"``):
 
 * ``identity``: for every target (stories260K, converted from ``../shared/data``, and each tiny test architecture),
   dtype (float32, bfloat16) and ``--attention-kernel`` (stock, gqa, exact; ``auto`` is one of stock/gqa), every
   built-in drafter (:func:`specgraft.testing.builtin_drafters`) decodes each prompt greedily and the tokens are
   compared with plain decoding under the STOCK kernels in the same dtype. A kernel that refuses the model is recorded
   with its one-line message. Plain decoding under the kernel itself is compared too.
-* ``plain_step``: plain decoding's time per token on stories260K under each kernel (and ``--smollm2 DIR``, a
+* ``plain step``: plain decoding's time per token on stories260K under each kernel (and ``--smollm2 DIR``, a
   converted SmolLM2 folder, if given), the kernels interleaved in one process, median over repeats: the kernel's own
-  effect on plain decoding, ``plain_kernel_s`` against ``plain_stock_s``.
+  effect on plain decoding, ``plain_kernel_ms`` against ``plain_stock_ms``.
 
     python benchmarks/bench_kernels.py
-    python benchmarks/bench_kernels.py --tokens 500 --smollm2 /tmp/smollm2 --out benchmarks/results/kernels.json
-    PYTHONPATH=/path/to/other/checkout python benchmarks/bench_kernels.py --out /tmp/before.json   # another version
+    python benchmarks/bench_kernels.py --tokens 500 --smollm2 /tmp/smollm2
+    PYTHONPATH=/path/to/other/checkout python benchmarks/bench_kernels.py --results-dir /tmp --result-name before
 
-``--before FILE`` embeds such a run of another version (its figures side by side under ``before``); ``--reuse
-FILE`` takes this version's figures from an earlier run instead of measuring again; ``--demo DIR`` adds the
-speedups of a ``specgraft demo --out DIR`` run (every report.json under it: the speedup against the baseline the
-report names, against stock plain decoding, and both plain times) beside the figures the README reported.
+``--before FILE`` embeds such a run of another version (its tables side by side as ``identity before`` and ``plain
+step before``, its provenance under ``details.before``); ``--reuse FILE`` takes this version's tables from an
+earlier run instead of measuring again (that run's provenance under ``details.reused``); ``--demo DIR`` adds the
+speedups of a ``specgraft demo --out DIR`` run as the ``demo`` table (every report.json under it: the speedup
+against the baseline the report names, against stock plain decoding, and both plain times), with the figures the
+README reported in ``details.demo``.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import datetime
-import importlib.metadata
+import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from benchlib.results import add_result_arguments, write_result
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specgraft.errors import SpecgraftError
 from specgraft.eval.decoder import SpeculativeDecoder
 from specgraft.eval.exact_attention import apply_attention_kernel
 from specgraft.testing import TINY_ARCHITECTURES, builtin_drafters, tiny_model
-from specgraft.utils.io import atomic_write_json
 
 SHARED = Path(os.environ.get("SPECGRAFT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 KERNELS = ("stock", "gqa", "exact")
 DTYPES = ("float32", "bfloat16")
 STORY_PROMPTS = ("", "Once upon a time, there was a little girl named Lily. She loved to")
+#: The figure tables a run measures, and the names the tables of a ``--before`` run take beside them.
+MEASURED_TABLES = ("identity", "plain step")
+#: The result-file fields that say where a run was measured, kept in ``details`` when a run is reused or embedded.
+PROVENANCE = ("command", "commit", "dirty", "date", "cpu", "cpu_count", "threads", "versions")
 
 
-def machine() -> dict[str, Any]:
-    """Where and with what the figures were measured."""
-    cpu = platform.processor()
+def row_key(row: Mapping[str, Any]) -> str:
+    """The name of a (model, dtype, kernel) configuration in ``details``."""
+    return f"{row['model']} {row['dtype']} {row['kernel']}"
+
+
+def split_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Scalar figure rows (a refusal or crash becomes ``status``) and, per configuration, its messages and the
+    drafters that differed, which do not fit a table cell."""
+    figures, notes = [], {}
+    for row in rows:
+        note = {key: row[key] for key in ("refused", "crashed", "differing") if row.get(key)}
+        status = "refused" if row.get("refused") else "crashed" if row.get("crashed") else "ran"
+        figures.append({"model": row["model"], "dtype": row["dtype"], "kernel": row["kernel"], "status": status,
+                        **{key: value for key, value in row.items()
+                           if key not in ("model", "dtype", "kernel", "refused", "crashed", "differing")}})
+        if note:
+            notes[row_key(row)] = note
+    return figures, notes
+
+
+def provenance(result: Mapping[str, Any]) -> dict[str, Any]:
+    """Where an earlier result file was measured (its own provenance fields)."""
+    return {key: result[key] for key in PROVENANCE if key in result}
+
+
+def load_result(path: Path) -> dict[str, Any]:
+    """An earlier run of this script (a kernels result file); ValueError naming the problem otherwise."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    versions = {}
-    for name in ("torch", "transformers", "specgraft"):
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    import specgraft
-
-    return {"command": " ".join([Path(sys.executable).name, *sys.argv]), "commit": commit,
-            "specgraft_path": str(Path(specgraft.__file__).parent),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "cpu": cpu,
-            "threads": torch.get_num_threads(), "versions": versions, "mkldnn_bf16": _bf16_flag()}
-
-
-def _bf16_flag() -> bool:
-    try:
-        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} cannot be read as JSON ({exc})") from None
+    figures = result.get("figures") if isinstance(result, dict) else None
+    if not isinstance(figures, Mapping) or not set(MEASURED_TABLES) <= set(figures):
+        raise ValueError(f"{path} is not a result of this script (no {' and '.join(MEASURED_TABLES)} figure "
+                         "tables); pass a file that bench_kernels.py wrote")
+    return result
 
 
 def with_kernel(model: Any, kernel: str) -> tuple[Any | None, str | None]:
@@ -100,7 +108,8 @@ def with_kernel(model: Any, kernel: str) -> tuple[Any | None, str | None]:
 
 def identity(name: str, model: Any, prompts: list[list[int]], tokens: int, dtypes: tuple[str, ...] = DTYPES,
              kernels: tuple[str, ...] = KERNELS) -> list[dict[str, Any]]:
-    """One row per dtype x kernel: how many (drafter, prompt) greedy runs equal stock plain decoding."""
+    """One row per dtype x kernel: how many (drafter, prompt) greedy runs equal stock plain decoding (``refused``,
+    ``crashed`` and ``differing`` hold the messages and the drafters that differed, see :func:`split_rows`)."""
     rows = []
     for dtype in dtypes:
         base = copy.deepcopy(model).to(getattr(torch, dtype))
@@ -165,7 +174,7 @@ def plain_step(name: str, model: Any, prompt: list[int], tokens: int, repeats: i
                                    "repeats": repeats, "refused": refused.get(kernel)}
             if kernel in times:
                 mine = statistics.median(times[kernel])
-                row.update(plain_kernel_s=mine, plain_stock_s=stock, kernel_over_stock=mine / stock)
+                row.update(plain_kernel_ms=mine * 1e3, plain_stock_ms=stock * 1e3, kernel_over_stock=mine / stock)
                 print(f"plain step {name} {dtype} {kernel}: {mine * 1e3:.3f} ms/token (stock {stock * 1e3:.3f}, "
                       f"{mine / stock:.2f}x)", flush=True)
             rows.append(row)
@@ -178,8 +187,6 @@ README_DEMO_SPEEDUPS = {"medusa": 2.12, "dflash": 1.37, "eagle3": 1.20, "distill
 
 def demo_speedups(folder: Path) -> list[dict[str, Any]]:
     """The overall speedups of every eval report under a ``specgraft demo`` output folder."""
-    import json
-
     rows = []
     for path in sorted(folder.rglob("report.json")):
         report = json.loads(path.read_text(encoding="utf-8"))
@@ -191,6 +198,16 @@ def demo_speedups(folder: Path) -> list[dict[str, Any]]:
                                                     "speedup_vs_stock_ratio_of_totals", "plain_stock_s",
                                                     "plain_kernel_s", "plain_kernel_over_stock", "lossless_check")}})
     return rows
+
+
+def machine_details() -> dict[str, Any]:
+    """What the result file's provenance does not hold: which specgraft ran (``PYTHONPATH`` runs of another
+    version) and whether the CPU has native bfloat16 (which the bfloat16 rows depend on)."""
+    import specgraft
+
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = cpuinfo.read_text(encoding="utf-8", errors="replace") if cpuinfo.is_file() else ""
+    return {"specgraft_path": str(Path(specgraft.__file__).parent), "avx512_bf16": "avx512_bf16" in flags}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,20 +225,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--story-prompts", type=int, default=len(STORY_PROMPTS), help="stories260K prompts to use")
     parser.add_argument("--models", nargs="*", help="identity on these only (stories260K, tiny-llama, ...)")
     parser.add_argument("--before", type=Path, help="a run of this script on another version, embedded as 'before'")
-    parser.add_argument("--reuse", type=Path, help="take identity and plain_step from this earlier run")
+    parser.add_argument("--reuse", type=Path, help="take identity and plain step from this earlier run")
     parser.add_argument("--demo", type=Path, help="a `specgraft demo --out DIR` folder whose speedups to add")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "kernels.json")
+    add_result_arguments(parser, "kernels")
     args = parser.parse_args(argv)
-    if args.reuse is not None:
-        import json
-
-        result = json.loads(args.reuse.read_text(encoding="utf-8"))
-        result["machine"]["reused_by"] = machine()["command"]
-        return finish(result, args)
+    try:
+        before = load_result(args.before) if args.before is not None else None
+        reused = load_result(args.reuse) if args.reuse is not None else None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if reused is not None:
+        figures = {table: reused["figures"][table] for table in MEASURED_TABLES}
+        details = {key: value for key, value in (reused.get("details") or {}).items()
+                   if key not in ("before", "demo", "reused")}
+        details["reused"] = provenance(reused)
+        return finish(figures, details, args, before, threads=reused.get("threads"),
+                      dtype=reused.get("dtype") or ", ".join(args.dtypes))
     torch.set_num_threads(args.threads)
     from specgraft.llama2c import convert_llama2c
 
-    result: dict[str, Any] = {"machine": machine(), "identity": [], "plain_step": []}
+    identity_rows: list[dict[str, Any]] = []
+    step_rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         src = SHARED / "models" / "stories260K"
         convert_llama2c(src / "stories260K.bin", src / "tok512.bin", Path(tmp) / "s260k")
@@ -230,54 +255,56 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [[1] + tokenizer.encode(text, add_special_tokens=False) for text in STORY_PROMPTS]
     if not args.skip_identity:
         if not args.models or "stories260K" in args.models:
-            result["identity"] += identity("stories260K", stories, prompts[: args.story_prompts], args.tokens,
-                                           tuple(args.dtypes), tuple(args.kernels))
+            identity_rows += identity("stories260K", stories, prompts[: args.story_prompts], args.tokens,
+                                      tuple(args.dtypes), tuple(args.kernels))
         for arch in TINY_ARCHITECTURES:
             if not args.models or f"tiny-{arch}" in args.models:
                 tiny = tiny_model(arch, max_position_embeddings=512)
-                result["identity"] += identity(f"tiny-{arch}", tiny, [[5, 9, 17, 33]], args.tiny_tokens,
-                                               tuple(args.dtypes), tuple(args.kernels))
+                identity_rows += identity(f"tiny-{arch}", tiny, [[5, 9, 17, 33]], args.tiny_tokens,
+                                          tuple(args.dtypes), tuple(args.kernels))
     if not args.skip_step:
-        result["plain_step"] += plain_step("stories260K", stories, prompts[1], args.step_tokens, args.repeats)
+        step_rows += plain_step("stories260K", stories, prompts[1], args.step_tokens, args.repeats)
     if args.smollm2 is not None:
         smol = AutoModelForCausalLM.from_pretrained(args.smollm2, dtype=torch.float32).eval()
         smol_tok = AutoTokenizer.from_pretrained(args.smollm2)
         ids = smol_tok.encode("Write a short story about a robot who learns to paint.")
-        result["plain_step"] += plain_step("SmolLM2-135M", smol, ids, min(args.step_tokens, 128), args.repeats)
-    return finish(result, args)
+        step_rows += plain_step("SmolLM2-135M", smol, ids, min(args.step_tokens, 128), args.repeats)
+    figures: dict[str, list[dict[str, Any]]] = {}
+    details: dict[str, Any] = {"machine": machine_details()}
+    for table, rows in zip(MEASURED_TABLES, (identity_rows, step_rows)):
+        figures[table], details[table] = split_rows(rows)
+    return finish(figures, details, args, before, threads=args.threads, dtype=", ".join(args.dtypes))
 
 
-def finish(result: dict[str, Any], args: argparse.Namespace) -> int:
-    """Add the comparisons asked for, write the JSON, print the side-by-side tables."""
-    import json
-
-    if args.before is not None:
-        before = json.loads(args.before.read_text(encoding="utf-8"))
-        result["before"] = {key: before.get(key) for key in ("machine", "identity", "plain_step")}
-        old = {(r["model"], r["dtype"], r["kernel"]): r for r in before.get("identity", [])}
+def finish(figures: dict[str, list[dict[str, Any]]], details: dict[str, Any], args: argparse.Namespace,
+           before: Mapping[str, Any] | None, *, threads: int | None, dtype: str) -> int:
+    """Add the comparisons asked for, write the result file, print the side-by-side tables."""
+    if before is not None:
+        for table in MEASURED_TABLES:
+            figures[f"{table} before"] = before["figures"][table]
+        details["before"] = {**provenance(before), **(before.get("details") or {})}
+        old = {row_key(row): row for row in before["figures"]["identity"]}
         print("| model | dtype | kernel | before: identical / runs (plain) | after |")
-        for row in result["identity"]:
-            prior = old.get((row["model"], row["dtype"], row["kernel"]), {})
-            print(f"| {row['model']} | {row['dtype']} | {row['kernel']} | {_cell(prior)} | {_cell(row)} |")
+        for row in figures["identity"]:
+            print(f"| {row['model']} | {row['dtype']} | {row['kernel']} | {_cell(old.get(row_key(row), {}))} "
+                  f"| {_cell(row)} |")
     if args.demo is not None:
-        result["demo"] = {"folder": str(args.demo), "readme_speedups": README_DEMO_SPEEDUPS,
-                          "reports": demo_speedups(args.demo)}
-        for row in result["demo"]["reports"]:
+        figures["demo"] = demo_speedups(args.demo)
+        details["demo"] = {"folder": str(args.demo), "readme_speedups": README_DEMO_SPEEDUPS}
+        for row in figures["demo"]:
             print(f"demo {row['report']}: {row['speedup_ratio_of_totals']}x against {row['baseline_kernels']} "
                   f"plain decoding ({row['speedup_vs_stock_ratio_of_totals']}x against stock)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(args.out, result)
-    print(f"wrote {args.out}")
+    write_result(args.result_name, figures, title="Attention kernels: greedy identity with plain decoding per "
+                 "model x dtype x kernel, and plain decoding's step time per kernel", dtype=dtype, threads=threads,
+                 details=details, results_dir=args.results_dir)
     return 0
 
 
-def _cell(row: dict[str, Any]) -> str:
+def _cell(row: Mapping[str, Any]) -> str:
     if not row:
         return "-"
-    if row.get("refused"):
-        return "refused"
-    if row.get("crashed"):
-        return "crashed"
+    if row.get("status") != "ran":
+        return str(row.get("status"))
     return f"{row['identical']}/{row['runs']} ({row['plain_identical']}/{row['prompts']})"
 
 

