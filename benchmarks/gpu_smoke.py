@@ -12,18 +12,18 @@ its 151,936-token tied embeddings; built from transformers configs with random w
    lossless speculative decoder on held-out random prompts; the answers are compared token by token with plain
    transformers ``generate`` (greedy) and with the decoder's own plain path, and all three are timed.
 
-Prints and writes (``--out``, default ``benchmarks/results/gpu_smoke.json``) per target and family: training
-tokens/s, the decoder's tau, wall-clock speedups over ``generate`` and over plain decoding, and the token-identity
-counts; ``lossless`` is true when every speculative answer equals ``generate``'s (fp32), or in bf16 equals it up
-to rounding ties (``specgraft.eval.rounding``: a differing answer emits only tokens within 2 ulps of the top logit
-or within plain decoding's own gap; ``token_identical`` says whether all were identical). Exits 1 when not
-lossless.
+Prints and writes (``benchmarks/results/gpu_smoke.json``; ``gpu_smoke-tiny.json`` with ``--tiny``) per target and
+family: training tokens/s, the decoder's tau, wall-clock speedups over ``generate`` and over plain decoding, and the
+token-identity counts; ``lossless`` is true when every speculative answer equals ``generate``'s (fp32), or in bf16
+equals it up to rounding ties (``specgraft.eval.rounding``: a differing answer emits only tokens within 2 ulps of
+the top logit or within plain decoding's own gap; ``token_identical`` says whether all were identical). Exits 1 when
+not lossless.
 
 ``--tiny`` runs the same pipeline at tiny sizes (a few seconds of training on a CPU) so CI exercises it
 (``tests/scripts/test_gpu_smoke.py``); its numbers measure nothing.
 
     python benchmarks/gpu_smoke.py                       # one GPU, about ten minutes
-    python benchmarks/gpu_smoke.py --tiny --out /tmp/gpu_smoke.json
+    python benchmarks/gpu_smoke.py --tiny --results-dir /tmp
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchlib.results import add_result_arguments, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = ("eagle3", "dflash")
@@ -237,12 +239,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="target dtype (default: bfloat16 on a GPU, float32 on a CPU)")
     parser.add_argument("--launcher", choices=("accelerate", "python"), default="accelerate",
                         help="start each training run with `accelerate launch` (default) or this interpreter")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_smoke.json")
+    add_result_arguments(parser, "gpu_smoke", default_help="gpu_smoke; gpu_smoke-tiny with --tiny")
     parser.add_argument("--work", type=Path, help="keep targets, data and heads here (default: a temporary folder)")
     parser.add_argument("--train-child", nargs=2, metavar=("WORK", "FAMILY"), help=argparse.SUPPRESS)
     parser.add_argument("--sizes", help=argparse.SUPPRESS)
     parser.add_argument("--mixed-precision", default="no", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.tiny and args.result_name == "gpu_smoke":
+        args.result_name = "gpu_smoke-tiny"  # a CPU check never replaces a GPU run's result
     if args.train_child:
         train_child(Path(args.train_child[0]), args.train_child[1], json.loads(args.sizes), args.mixed_precision)
         return 0
@@ -304,10 +308,14 @@ def main(argv: list[str] | None = None) -> int:
     results["lossless"] = (results["token_identical"] if dtype == "float32"
                            else all(f["equal_up_to_rounding"] == f["prompts"] for f in rows))
     results["wall_s"] = time.perf_counter() - started
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    figures = [{"target": arch, "family": family, "parameters": entry["parameters"],
+                **{key: value for key, value in row.items() if not isinstance(value, (dict, list, tuple))}}
+               for arch, entry in results["targets"].items() for family, row in entry["families"].items()]
+    path = write_result(args.result_name, figures, title=f"GPU smoke test on {results['device']}: EAGLE-3 and DFlash "
+                        "trained on random-init targets, decoded against generate", dtype=dtype,
+                        details=results, results_dir=args.results_dir)
     print(f"lossless: {results['lossless']} (token-identical to generate: {results['token_identical']}); "
-          f"{results['wall_s']:.0f} s; wrote {args.out}")
+          f"{results['wall_s']:.0f} s; wrote {path}")
     return 0 if results["lossless"] else 1
 
 

@@ -294,13 +294,14 @@ def test_cli_module_and_script(tiny_files, tmp_path, capsys):
     out = tmp_path / "cli_out"
     assert llama2c.run(parser.parse_args([str(ckpt), str(tok_path), "--out", str(out)])) == 0
     n_params = load_llama2c_model(ckpt).num_parameters()
-    assert capsys.readouterr().out.splitlines() == [str(out), f"parameters: {n_params:,}"]
+    # The last lines: importing DeepSpeed (through accelerate) may first log its accelerator choice to stdout.
+    assert capsys.readouterr().out.splitlines()[-2:] == [str(out), f"parameters: {n_params:,}"]
 
     spec = importlib.util.spec_from_file_location("convert_llama2c_script", REPO / "scripts" / "convert_llama2c.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     assert script.main([str(ckpt), str(tok_path), "--out", str(out)]) == 2  # exists and non-empty
-    assert capsys.readouterr().err.startswith("error: output folder")
+    assert "exists and is not empty" in capsys.readouterr().err
     assert script.main([str(ckpt), str(tok_path), "--out", str(out), "--overwrite"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == str(out)
 

@@ -72,7 +72,7 @@ def test_each_command_applies_threads_first(command, tmp_path, monkeypatch, caps
 @pytest.mark.parametrize("command", sorted(RECIPES))
 def test_a_multi_process_launch_passes_threads_on(command, monkeypatch, restore_threads):
     launched: list[list[str]] = []
-    monkeypatch.setattr(subprocess, "call", lambda cmd: launched.append(cmd) or 0)
+    monkeypatch.setattr(subprocess, "call", lambda cmd, env=None: launched.append(cmd) or 0)
     assert cli_main([command, str(RECIPES[command]), "--num-processes", "2", "--threads", "2"]) == 0
     (cmd,) = launched
     assert cmd[-3:] == [str(RECIPES[command]), "--threads", "2"]

@@ -17,13 +17,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_tiny_gpu_smoke_runs_on_the_cpu(tmp_path):
-    out = tmp_path / "gpu_smoke.json"
+    out = tmp_path / "gpu_smoke-tiny.json"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_smoke.py"), "--tiny", "--device", "cpu",
-                           "--steps", "6", "--out", str(out)], capture_output=True, text=True, env=env, check=False,
-                          cwd=ROOT)
+                           "--steps", "6", "--results-dir", str(tmp_path)], capture_output=True, text=True, env=env,
+                          check=False, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    written = json.loads(out.read_text())
+    assert written["source"] == "measured" and written["dtype"] == "float32"
+    assert {(row["target"], row["family"]) for row in written["figures"]} == {
+        (arch, family) for arch in ("llama", "qwen3") for family in ("dflash", "eagle3")}
+    result = written["details"]
     assert result["lossless"] is True and result["tiny"] is True and result["dtype"] == "float32"
     assert result["launcher"] == "accelerate" and result["device"] == "cpu"
     assert sorted(result["targets"]) == ["llama", "qwen3"]
@@ -39,8 +43,8 @@ def test_tiny_gpu_smoke_runs_on_the_cpu(tmp_path):
 
 def test_bad_arguments_get_one_error_line(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_smoke.py"), "--tiny", "--device", "cpu",
-                           "--steps", "0", "--out", str(tmp_path / "x.json")], capture_output=True, text=True,
+                           "--steps", "0", "--results-dir", str(tmp_path)], capture_output=True, text=True,
                           check=False, cwd=ROOT)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == "error: --steps must be at least 1, got 0"
-    assert not (tmp_path / "x.json").exists()
+    assert list(tmp_path.iterdir()) == []
