@@ -4,6 +4,7 @@ as a llama.cpp GGUF, heads trained by the shipped CPU recipes on a short budget,
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,6 +52,15 @@ def stories260k_gguf(shared_data, stories_target, tmp_path_factory) -> Path:
                              scores=scores, token_types=types, bos_id=1, eos_id=2, unk_id=0, name="stories260K")
 
 
+def run_trainer(trainer: Any) -> None:
+    """setup -> train -> cleanup, the way the CLI runs a trainer."""
+    trainer.setup()
+    try:
+        trainer.train()
+    finally:
+        trainer.cleanup()
+
+
 def train_short(recipe_name: str, stories260k_dir: Path, tinystories_path: Path, out: Path,
                 overrides: list[str]) -> Path:
     """A shipped stories260K recipe on a short budget (a head good enough to accept, not the recipe's quality)."""
@@ -61,12 +71,7 @@ def train_short(recipe_name: str, stories260k_dir: Path, tinystories_path: Path,
         f"model.name_or_path={stories260k_dir}", f"data.path={tinystories_path}", f"data.cache_dir={out / 'cache'}",
         f"output.dir={out / 'head'}", "tracking.backend=none", *overrides,
     ])
-    trainer = HeadTrainer(recipe, show_progress=False)
-    trainer.setup()
-    try:
-        trainer.train()
-    finally:
-        trainer.cleanup()
+    run_trainer(HeadTrainer(recipe, show_progress=False))
     return out / "head" / "head"
 
 
@@ -103,10 +108,5 @@ def distilled_draft(stories260k_dir, tinystories_path, tmp_path_factory) -> Path
         "training.checkpoint_every=60", "training.warmup_steps=5", f"output.dir={out / 'run'}",
         "tracking.backend=none",
     ])
-    trainer = DistillTrainer(recipe, show_progress=False)
-    trainer.setup()
-    try:
-        trainer.train()
-    finally:
-        trainer.cleanup()
+    run_trainer(DistillTrainer(recipe, show_progress=False))
     return out / "run" / "draft"
