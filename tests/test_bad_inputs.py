@@ -334,6 +334,7 @@ def test_bad_input(world, case, capsys, monkeypatch):
     assert snapshot(world / "protected") == before, "an existing output file changed"
 
 
+@pytest.mark.slow
 def test_real_process_exit_code_and_no_traceback(world):
     """The same contract through a real process (what a shell user sees)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

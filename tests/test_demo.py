@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specgraft.cli import main as cli_main
 from specgraft.defaults.corpus import DOMAINS, prompt_cuts
 from specgraft.demo import QUICK
 
 
+@pytest.mark.slow
 def test_demo_quick_end_to_end(tmp_path, capsys):
     out = tmp_path / "demo"
     assert cli_main(["demo", "--quick", "--out", str(out), "--threads", "1"]) == 0

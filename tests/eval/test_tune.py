@@ -318,6 +318,7 @@ def tune_a_copy(disk, tmp_path, profile, min_speedup: str, capsys):
     return head, code, out, err
 
 
+@pytest.mark.slow
 def test_profile_tune_eval_export_end_to_end(disk, tmp_path, capsys):
     profile = tmp_path / "profile.json"
     code, out, err = cli(["profile", "--target", disk / "target", "--head", disk / "medusa", "--out", profile,

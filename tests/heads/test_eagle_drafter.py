@@ -193,6 +193,7 @@ def test_wrong_target_and_bad_settings(llama_trained):
 
 
 @pytest.mark.shared
+@pytest.mark.slow
 def test_stories260k_trained_heads(stories260k_dir):
     """On the real stories260K model: exact greedy output, and tau > 1 after a little training on its own text."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

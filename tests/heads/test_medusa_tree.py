@@ -371,6 +371,7 @@ def test_sampling_decoding_runs_with_deterministic_siblings():
 
 
 @pytest.mark.shared
+@pytest.mark.slow
 def test_stories260k_greedy_equality_and_tau(stories260k_dir):
     torch.manual_seed(0)
     target = load_target(stories260k_dir)

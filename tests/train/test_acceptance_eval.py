@@ -153,6 +153,7 @@ def test_simulated_tau_agrees_with_the_decoder_and_best_is_the_best_checkpoint(t
     assert saved.keys() == at_step.keys() and all(torch.equal(saved[k], at_step[k]) for k in saved)
 
 
+@pytest.mark.slow
 def test_resume_keeps_the_uninterrupted_runs_best_state(tmp_path, self_distilled):
     _train(_recipe(tmp_path, "whole"), self_distilled)
     _train(_recipe(tmp_path, "split", max_steps=16), self_distilled)

@@ -68,6 +68,7 @@ def test_affine_codec_error_is_at_most_half_a_step_inside_the_calibrated_range(d
     assert float(((codec.decode(codec.encode(beyond[None])) - beyond) / codec.step).abs().min()) >= 3 - 1e-3
 
 
+@pytest.mark.slow
 def test_channel_codebook_error_bound_and_negative_controls():
     gen = torch.Generator().manual_seed(0)
     calibration, held_out = _residual_stream(4096, gen), _residual_stream(1024, gen)
@@ -192,6 +193,7 @@ def test_precision_is_part_of_the_cache_key_and_resume_keeps_the_codec(tmp_path)
                                  show_progress=False)
 
 
+@pytest.mark.slow
 def test_training_from_a_compressed_cache_through_the_cli(tiny_run, tmp_path, capsys):  # noqa: F811
     _, write_recipe = tiny_run
     head = {"type": "eagle3", "ttt_steps": 2}

@@ -138,6 +138,7 @@ def test_resume_after_sigkill_is_bitwise_equal_to_uninterrupted(tiny_run, tmp_pa
         assert torch.equal(ref_weights[name], resumed[name]), name
 
 
+@pytest.mark.slow
 def test_compiled_head_training_equals_eager_training(tiny_run):
     """training.compile (torch.compile of the EAGLE-3 midlayer): the same losses and trained weights as eager
     training to float rounding, and the saved head has the same tensor names (compiled in place, no wrapper)."""
