@@ -217,6 +217,12 @@ def _serving(meta: Mapping[str, Any], head_type: str, text: Any, base: str, fmt:
     return lines
 
 
+def llamacpp_serve_lines(target: str, draft: str, spec_type: str, draft_tokens: int) -> list[str]:
+    """The ``llama-server`` command that serves ``draft`` for ``target`` (a fenced bash block, as card lines)."""
+    return ["```bash", f"llama-server -m {target} -md {draft} --spec-type {spec_type} \\",
+            f"  --spec-draft-n-max {draft_tokens} --spec-draft-p-min 0", "```"]
+
+
 def _llamacpp_lines(meta: Mapping[str, Any], text: Any, fmt: str, where: str) -> list[str]:
     """The llama.cpp serve command (``llama-server -md``) of a family llama.cpp serves."""
     spec_type = text.llamacpp_spec_type if text is not None else None
@@ -234,8 +240,7 @@ def _llamacpp_lines(meta: Mapping[str, Any], text: Any, fmt: str, where: str) ->
     draft = f"{where}/{info.get('draft_file', 'draft.gguf')}"
     return lines + ["Serve with the target GGUF this draft was exported for "
                     f"(`{target}`, whose tokenizer it carries):", "",
-                    "```bash", f"llama-server -m {target} -md {draft} --spec-type {spec_type} \\",
-                    f"  --spec-draft-n-max {n} --spec-draft-p-min 0", "```", "",
+                    *llamacpp_serve_lines(target, draft, spec_type, n), "",
                     "`--spec-draft-n-max` is the draft length (chain); `--spec-draft-p-min 0` drafts the full length "
                     "(raise it to stop a chain at low draft confidence).", ""]
 

@@ -29,7 +29,7 @@ from specgraft.errors import SpecgraftError
 from specgraft.eval.report_reader import check_report_for_head, read_report, report_problem, same_path
 from specgraft.eval.search import MAX_TREE_TOKENS
 from specgraft.eval.tune import TUNED_NAME, is_plain, read_tuned
-from specgraft.export.card import HUB_REPO_ID, is_hub_id, render_model_card
+from specgraft.export.card import HUB_REPO_ID, is_hub_id, llamacpp_serve_lines, render_model_card
 from specgraft.export.convert import (
     DEFAULT_SPECULATIVE_TOKENS,
     apply_tuned,
@@ -416,8 +416,7 @@ def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: s
         f"# Distilled draft model for {recorded.name_or_path} (llama.cpp GGUF)", "",
         f"A {model.config.num_hidden_layers}-layer draft model distilled by specgraft; it carries the tokenizer of "
         f"`{target.path.name}`, so llama.cpp accepts it as that target's draft.", "",
-        "```bash", f"llama-server -m {target.path.name} -md {out}/{DRAFT_FILE} --spec-type draft-simple \\",
-        f"  --spec-draft-n-max {n} --spec-draft-p-min 0", "```", ""])
+        *llamacpp_serve_lines(target.path.name, f"{out}/{DRAFT_FILE}", "draft-simple", n), ""])
     files = [DRAFT_FILE, EXPORT_META_NAME, CARD_NAME]
     with writing_output(out, "export", overwrite=overwrite, inputs=inputs), atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
