@@ -272,8 +272,8 @@ def evaluate(family: str, target: TargetData, step: int, head_dir: Path, work: P
     if not (out / "report.json").is_file():
         import torch
 
-        from specgraft.eval.prompts import load_prompts
-        from specgraft.eval.report import EvalSettings, run_eval
+        from specgraft.evaluation.prompts import load_prompts
+        from specgraft.evaluation.report import EvalSettings, run_eval
         from specgraft.heads.base import load_head
         from specgraft.heads.registry import family_of
         from specgraft.target import load_target

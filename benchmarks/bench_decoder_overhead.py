@@ -42,11 +42,11 @@ from benchlib.results import add_result_arguments, write_result
 from benchlib.stories import STORIES_DIR, TINYSTORIES, stories260k_target
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specgraft.eval import metrics
-from specgraft.eval.decoder import GenerationResult, SpeculativeDecoder
-from specgraft.eval.drafter import DraftContext, Drafter
-from specgraft.eval.drafters import DraftModelDrafter, SelfDrafter
-from specgraft.eval.tree import DraftTree
+from specgraft.decoding import metrics
+from specgraft.decoding.decoder import GenerationResult, SpeculativeDecoder
+from specgraft.decoding.drafter import DraftContext, Drafter
+from specgraft.decoding.drafters import DraftModelDrafter, SelfDrafter
+from specgraft.decoding.tree import DraftTree
 
 K = 4
 
@@ -67,7 +67,7 @@ def held_out_prompts(path: Path, count: int) -> list[str]:
 def forward_cost(model, length: int, repeats: int, device: torch.device) -> float:
     """Seconds of one single-token forward with ``length`` cached tokens (decoding cost); the minimum over
     ``repeats`` runs, which is the least noisy estimate on a shared machine."""
-    from specgraft.eval import kv
+    from specgraft.decoding import kv
 
     ids = torch.randint(3, 100, (1, length + 1), device=device)
     times = []
@@ -137,8 +137,8 @@ class ForwardTimer:
 
 
 def set_kernel(model: torch.nn.Module, kernel: str) -> None:
-    """Switch ``model``'s linear layers to ``kernel`` (see specgraft.eval.kernels)."""
-    from specgraft.eval.kernels import use_stock_linears, use_weight_major_linears
+    """Switch ``model``'s linear layers to ``kernel`` (see specgraft.kernels.linear)."""
+    from specgraft.kernels.linear import use_stock_linears, use_weight_major_linears
 
     use_stock_linears(model)
     if kernel == "weight-major":
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure the decoder's loop overhead per step with a zero-cost oracle drafter")
     parser.add_argument("--linear-kernels", nargs="+", choices=("stock", "weight-major"), default=["stock"],
                         help="--oracle: the decode-time linear kernels to compare side by side, alternating per "
-                             "prompt (see specgraft.eval.kernels; e.g. --linear-kernels stock weight-major)")
+                             "prompt (see specgraft.kernels.linear; e.g. --linear-kernels stock weight-major)")
     add_result_arguments(parser, "", default_help="decoder-overhead, with --oracle decoder-loop-overhead; "
                          "-TARGET_NAME added with --target")
     args = parser.parse_args(argv)

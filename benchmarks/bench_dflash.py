@@ -12,8 +12,8 @@ One run, in a scratch folder (``--work``, default ``<out stem>_work`` beside ``-
    other (plain decoding runs beside each, so every speedup is a side-by-side ratio): EAGLE-3 at its default tree
    and chain, DFlash chains of ``block_size - 1`` and shorter, and its per-slot top-k tree.
    With ``--tune`` instead: measures one cost profile of this machine for both heads (``specgraft profile``'s
-   :func:`~specgraft.eval.cost.measure_profile`), then runs ``specgraft tune``'s search and confirming evals
-   (:func:`~specgraft.eval.tune.tune`) for EAGLE-3 and for DFlash on the held-out prompts, one after the other in
+   :func:`~specgraft.tuning.cost.measure_profile`), then runs ``specgraft tune``'s search and confirming evals
+   (:func:`~specgraft.tuning.tune.tune`) for EAGLE-3 and for DFlash on the held-out prompts, one after the other in
    this process, writes each head's ``tuned.json`` and compares the tuned settings' speedups.
 4. Prints one table and writes every number (and each answer, in each eval folder's answers.jsonl) under
    ``--out`` (JSON); exits 1 when a lossless check fails.
@@ -54,8 +54,8 @@ def evaluate(model_dir: Path, runs: dict[str, dict[str, Any]], settings: list[tu
              split: dict[str, Any], work: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
-    from specgraft.eval.prompts import load_prompts
-    from specgraft.eval.report import EvalSettings, run_eval
+    from specgraft.evaluation.prompts import load_prompts
+    from specgraft.evaluation.report import EvalSettings, run_eval
     from specgraft.heads import load_head
     from specgraft.heads.registry import family_of
     from specgraft.target import load_target
@@ -90,13 +90,13 @@ def tune_both(model_dir: Path, runs: dict[str, dict[str, Any]], split: dict[str,
     setting) for each; rows as :func:`evaluate` writes them, at the tuned and at the default setting."""
     import torch
 
-    from specgraft.eval.cost import measure_profile
-    from specgraft.eval.prompts import load_prompts, render_turn
-    from specgraft.eval.report import EvalSettings
-    from specgraft.eval.tune import TUNED_NAME, default_kv_length, kind_of, setting_label, tune
+    from specgraft.evaluation.prompts import load_prompts, render_turn
+    from specgraft.evaluation.report import EvalSettings
     from specgraft.heads import load_head
     from specgraft.heads.registry import family_of
     from specgraft.target import load_target
+    from specgraft.tuning.cost import measure_profile
+    from specgraft.tuning.tune import TUNED_NAME, default_kv_length, kind_of, setting_label, tune
     from specgraft.utils.io import atomic_write_json
 
     torch.set_num_threads(args.threads)

@@ -42,10 +42,10 @@ from specgraft.config import (
     TrainingConfig,
 )
 from specgraft.data import build_dataset
+from specgraft.decoding.decoder import SpeculativeDecoder
+from specgraft.decoding.drafters import DraftModelDrafter
+from specgraft.decoding.metrics import speedup, summarize
 from specgraft.distill.trainer import OBJECTIVE_DATA_CE, OBJECTIVE_DISTILL, DistillTrainer
-from specgraft.eval.decoder import SpeculativeDecoder
-from specgraft.eval.drafters import DraftModelDrafter
-from specgraft.eval.metrics import speedup, summarize
 from specgraft.target import load_target
 
 #: name -> (objective, loss, on-policy)

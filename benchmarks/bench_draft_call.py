@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 from benchlib.results import add_result_arguments, write_result
 
-from specgraft.eval import cost, kv
+from specgraft.decoding import kv
 from specgraft.heads.base import load_head
 from specgraft.heads.registry import family_of
 from specgraft.target import load_target
+from specgraft.tuning import cost
 
 DEFAULT_TARGET = Path(__file__).resolve().parents[1] / "specgraft" / "defaults" / "model"
 

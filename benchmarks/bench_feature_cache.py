@@ -82,8 +82,8 @@ def main() -> int:
 
     import torch
 
-    from specgraft.eval.prompts import load_prompts
-    from specgraft.eval.report import EvalSettings, describe_drafter, run_eval
+    from specgraft.evaluation.prompts import load_prompts
+    from specgraft.evaluation.report import EvalSettings, describe_drafter, run_eval
     from specgraft.heads import load_head
     from specgraft.heads.eagle.drafter import EagleDrafter
     from specgraft.target import load_target

@@ -43,9 +43,9 @@ import torch
 from benchlib.results import add_result_arguments, write_result
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from specgraft.decoding.decoder import SpeculativeDecoder
 from specgraft.errors import SpecgraftError
-from specgraft.eval.decoder import SpeculativeDecoder
-from specgraft.eval.exact_attention import apply_attention_kernel
+from specgraft.kernels.exact_attention import apply_attention_kernel
 from specgraft.testing import TINY_ARCHITECTURES, builtin_drafters, tiny_model
 
 SHARED = Path(os.environ.get("SPECGRAFT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))

@@ -229,7 +229,7 @@ def main() -> None:
                              "e.g. Intel AMX: `specgraft profile --dtype bfloat16` tells)")
     parser.add_argument("--attention-kernel", choices=("stock", "exact"), default="stock",
                         help="the evals' target attention: exact makes bf16 answers token-identical to plain "
-                             "decoding (specgraft.eval.exact_attention)")
+                             "decoding (specgraft.kernels.exact_attention)")
     add_result_arguments(parser, "smollm2")
     args = parser.parse_args()
     args.override = parse_run_overrides(args.override, RECIPES)

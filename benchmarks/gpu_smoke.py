@@ -15,7 +15,7 @@ its 151,936-token tied embeddings; built from transformers configs with random w
 Prints and writes (``benchmarks/results/gpu_smoke.json``; ``gpu_smoke-tiny.json`` with ``--tiny``) per target and
 family: training tokens/s, the decoder's tau, wall-clock speedups over ``generate`` and over plain decoding, and the
 token-identity counts; ``lossless`` is true when every speculative answer equals ``generate``'s (fp32), or in bf16
-equals it up to rounding ties (``specgraft.eval.rounding``: a differing answer emits only tokens within 2 ulps of
+equals it up to rounding ties (``specgraft.kernels.rounding``: a differing answer emits only tokens within 2 ulps of
 the top logit or within plain decoding's own gap; ``token_identical`` says whether all were identical). Exits 1 when
 not lossless.
 
@@ -174,10 +174,10 @@ def decode_check(work: Path, family: str, prompts: list[list[int]], max_new_toke
     import torch
     from transformers import AutoModelForCausalLM
 
-    from specgraft.eval.decoder import SpeculativeDecoder
-    from specgraft.eval.rounding import equal_up_to_rounding, greedy_gap_ulps
+    from specgraft.decoding.decoder import SpeculativeDecoder
     from specgraft.heads.base import load_head_for_decoding
     from specgraft.heads.registry import get_family
+    from specgraft.kernels.rounding import equal_up_to_rounding, greedy_gap_ulps
     from specgraft.target import load_target
 
     model = AutoModelForCausalLM.from_pretrained(work / "target", dtype="auto").to(device).eval()
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [f for t in results["targets"].values() for f in t["families"].values()]
     results["token_identical"] = all(f["identical_to_generate"] == f["prompts"] for f in rows)
     # fp32: token-identical by margin; bf16: identical, or a differing answer emits only rounding-tie tokens
-    # (specgraft.eval.rounding's rule, what `specgraft eval` reports as "passed up to rounding").
+    # (specgraft.kernels.rounding's rule, what `specgraft eval` reports as "passed up to rounding").
     results["lossless"] = (results["token_identical"] if dtype == "float32"
                            else all(f["equal_up_to_rounding"] == f["prompts"] for f in rows))
     results["wall_s"] = time.perf_counter() - started

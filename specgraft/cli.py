@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("specgraft.train.cli", "Train a draft head (Medusa-1/2, EAGLE-1/2, EAGLE-3, DFlash) from a YAML recipe."),
     "distill": ("specgraft.distill.cli", "Distill a standalone draft model on the target's outputs."),
     "eval": ("specgraft.commands.eval", "Measure tau, acceptance and speedup per domain with the lossless decoder."),
-    "simulate": ("specgraft.eval.simulate", "Predict tau and speedup for another setting from closed forms."),
+    "simulate": ("specgraft.commands.simulate", "Predict tau and speedup for another setting from closed forms."),
     "profile": ("specgraft.commands.profile", "Measure this device's cost of verifying N tokens and of each drafter."),
     "tune": ("specgraft.commands.tune", "Choose the fastest draft setting for this device and measure it."),
     "export": ("specgraft.commands.export",

@@ -174,7 +174,7 @@ def write_prompts(path: Path, budget: SmolLM2Budget, prompts_file: str | None, h
     """The evaluation prompts the demo uses, as a JSONL file: ``budget.prompts_per_domain`` per domain of
     ``prompts_file`` (first turns only: a shorter run, and no turn depends on an earlier answer), else the
     held-out ShareGPT first turns."""
-    from specgraft.eval.prompts import load_prompts
+    from specgraft.evaluation.prompts import load_prompts
 
     if prompts_file is not None:
         rows = [{"question_id": p.id, "category": p.domain, "turns": p.turns[:1]}

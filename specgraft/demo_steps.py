@@ -73,7 +73,7 @@ def _distill(recipe: Any) -> Path:
 
 
 def _eval_settings(budget: Any):
-    from specgraft.eval.report import EvalSettings
+    from specgraft.evaluation.report import EvalSettings
 
     return EvalSettings(max_new_tokens=budget.max_new_tokens, repeats=budget.repeats, warmup=1)
 
@@ -81,7 +81,7 @@ def _eval_settings(budget: Any):
 def choose_decode_kernel(target_model: Any) -> str:
     """`auto`'s linear kernel for fp32 on CPU (what `specgraft eval` uses by default), measured once per demo on the
     target, whose layers dominate decoding: every eval, the profile and the tuning then run the same kernel."""
-    from specgraft.eval.kernels import resolve_linear_kernel
+    from specgraft.kernels.linear import resolve_linear_kernel
 
     return resolve_linear_kernel("auto", "cpu", "float32", target_model)
 
@@ -89,22 +89,22 @@ def choose_decode_kernel(target_model: Any) -> str:
 def _decode_kernel(kernel: str, target_model: Any, *modules: Any) -> str:
     """Switch the target to the decode-time attention ``specgraft eval`` uses by default (``auto``) and the modules
     the demo decodes with to the linear ``kernel`` (a resolved name: nothing is measured again)."""
-    from specgraft.eval.exact_attention import apply_attention_kernel
-    from specgraft.eval.kernels import apply_linear_kernel
+    from specgraft.kernels.exact_attention import apply_attention_kernel
+    from specgraft.kernels.linear import apply_linear_kernel
 
     apply_attention_kernel("auto", target_model)
     return apply_linear_kernel(kernel, "cpu", "float32", target_model, *modules)
 
 
 def _load_prompts(prompts_file: Path):
-    from specgraft.eval.prompts import load_prompts
+    from specgraft.evaluation.prompts import load_prompts
 
     return load_prompts([prompts_file])
 
 
 def _evaluate_head(out: Path, kind: str, head_dir: Path, target_path: Path, prompts_file: Path,
                    budget: Any, kernel: str) -> dict[str, Any]:
-    from specgraft.eval.report import run_eval
+    from specgraft.evaluation.report import run_eval
     from specgraft.heads.base import load_head
     from specgraft.heads.registry import family_of
     from specgraft.target import load_target
@@ -132,8 +132,8 @@ def _evaluate_draft(out: Path, draft_dir: Path, target_path: Path, prompts_file:
                     budget: Any, kernel: str) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    from specgraft.eval.drafters import DraftModelDrafter
-    from specgraft.eval.report import run_eval
+    from specgraft.decoding.drafters import DraftModelDrafter
+    from specgraft.evaluation.report import run_eval
     from specgraft.target import load_target
 
     target = load_target(target_path)
@@ -157,12 +157,12 @@ def tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, p
     import torch
     from transformers import AutoModelForCausalLM
 
-    from specgraft.eval.cost import measure_profile
-    from specgraft.eval.prompts import render_turn
-    from specgraft.eval.tune import TUNED_NAME, default_kv_length, is_plain, kind_of, setting_label, tune
+    from specgraft.evaluation.prompts import render_turn
     from specgraft.heads.base import load_head
     from specgraft.heads.registry import family_of
     from specgraft.target import load_target
+    from specgraft.tuning.cost import measure_profile
+    from specgraft.tuning.tune import TUNED_NAME, default_kv_length, is_plain, kind_of, setting_label, tune
 
     target = load_target(target_path)
     prompts = _load_prompts(prompts_file)

@@ -82,7 +82,7 @@ def builtin_drafters(model: PreTrainedModel, seed: int = 0, noise: float = 0.05)
     tree), random chains, a draft model (a perturbed copy of the target, chain and tree) and an untrained head of
     every built-in family (weights perturbed by ``noise`` so that it agrees with the target only now and then), in
     its default setting and as a chain. Heads are built in the target's dtype; each factory builds afresh."""
-    from specgraft.eval.drafters import DraftModelDrafter, RandomDrafter, SelfDrafter
+    from specgraft.decoding.drafters import DraftModelDrafter, RandomDrafter, SelfDrafter
     from specgraft.heads.registry import BUILTIN_FAMILIES, get_family
     from specgraft.target import Target
 

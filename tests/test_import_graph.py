@@ -13,8 +13,9 @@ import specgraft
 
 ROOT = Path(specgraft.__file__).parent
 #: The drafter protocol and the tree / verify / KV machinery the families build on.
-EVAL_CORE = ("specgraft.eval.drafter", "specgraft.eval.tree", "specgraft.eval.verify", "specgraft.eval.kv",
-             "specgraft.eval.acceptance", "specgraft.eval.decoder", "specgraft.eval.drafters", "specgraft.eval.search")
+EVAL_CORE = ("specgraft.decoding.drafter", "specgraft.decoding.tree", "specgraft.decoding.verify",
+             "specgraft.decoding.kv", "specgraft.decoding.acceptance", "specgraft.decoding.decoder",
+             "specgraft.decoding.drafters", "specgraft.tuning.search")
 
 
 def module_files() -> dict[str, Path]:
@@ -120,7 +121,8 @@ def test_families_use_only_evals_public_protocol():
     allowed = set(EVAL_CORE)
     for module, targets in graph.items():
         if module.startswith("specgraft.heads."):
-            used = sorted(t for t in targets if t.startswith("specgraft.eval") and t not in allowed)
+            layers = ("specgraft.decoding", "specgraft.tuning", "specgraft.evaluation")
+            used = sorted(t for t in targets if t.startswith(layers) and t not in allowed)
             assert used == [], f"{module} imports eval internals {used}"
 
 

@@ -114,8 +114,8 @@ def evaluate_heads(model_dir: Path, runs: list[dict[str, Any]], split: Mapping[s
     ``args.threads``); the report.json facts per (head, mode)."""
     import torch
 
-    from specgraft.eval.prompts import load_prompts
-    from specgraft.eval.report import EvalSettings, describe_drafter, run_eval
+    from specgraft.evaluation.prompts import load_prompts
+    from specgraft.evaluation.report import EvalSettings, describe_drafter, run_eval
     from specgraft.heads import load_head
     from specgraft.heads.registry import family_of
     from specgraft.target import load_target

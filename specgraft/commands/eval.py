@@ -1,4 +1,4 @@
-"""``specgraft eval``'s arguments; the command is :func:`specgraft.eval.cli.run`."""
+"""``specgraft eval``'s arguments; the command is :func:`specgraft.evaluation.runner.run`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from specgraft.commands.flags import add_attention_kernel_argument, add_linear_kernel_argument
-from specgraft.eval.settings import BUILTIN_DRAFTERS, DEFAULT_K, EvalSettings
+from specgraft.evaluation.settings import BUILTIN_DRAFTERS, DEFAULT_K, EvalSettings
 from specgraft.utils.args import int_list
 from specgraft.utils.threads import add_threads_argument
 
@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The command itself, in :mod:`specgraft.eval.cli` (imported only now: it loads torch)."""
-    from specgraft.eval.cli import run as evaluate
+    """The command itself, in :mod:`specgraft.evaluation.runner` (imported only now: it loads torch)."""
+    from specgraft.evaluation.runner import run as evaluate
 
     return evaluate(args)

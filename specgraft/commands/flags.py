@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specgraft.eval.settings import ATTENTION_KERNELS, LINEAR_KERNELS
+from specgraft.kernels.choices import ATTENTION_KERNELS, LINEAR_KERNELS
 
 
 def add_linear_kernel_argument(parser: argparse.ArgumentParser) -> None:

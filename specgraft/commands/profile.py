@@ -1,4 +1,4 @@
-"""``specgraft profile``'s arguments; the command is :func:`specgraft.eval.cost.run`."""
+"""``specgraft profile``'s arguments; the command is :func:`specgraft.tuning.cost.run`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from specgraft.commands.flags import add_attention_kernel_argument, add_linear_kernel_argument
-from specgraft.eval.settings import DEFAULT_KV_LENGTH, DEFAULT_REPEATS, DEFAULT_TOKEN_COUNTS
+from specgraft.tuning.settings import DEFAULT_KV_LENGTH, DEFAULT_REPEATS, DEFAULT_TOKEN_COUNTS
 from specgraft.utils.args import int_list
 
 
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The command itself, in :mod:`specgraft.eval.cost` (imported only now: it loads torch)."""
-    from specgraft.eval.cost import run as profile
+    """The command itself, in :mod:`specgraft.tuning.cost` (imported only now: it loads torch)."""
+    from specgraft.tuning.cost import run as profile
 
     return profile(args)

@@ -1,4 +1,4 @@
-"""``specgraft tune``'s arguments; the command is :func:`specgraft.eval.tune.run`."""
+"""``specgraft tune``'s arguments; the command is :func:`specgraft.tuning.tune.run`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from specgraft.commands.flags import add_attention_kernel_argument, add_linear_kernel_argument
-from specgraft.eval.settings import DEFAULT_MIN_SPEEDUP
+from specgraft.tuning.settings import DEFAULT_MIN_SPEEDUP
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The command itself, in :mod:`specgraft.eval.tune` (imported only now: it loads torch)."""
-    from specgraft.eval.tune import run as tune
+    """The command itself, in :mod:`specgraft.tuning.tune` (imported only now: it loads torch)."""
+    from specgraft.tuning.tune import run as tune
 
     return tune(args)

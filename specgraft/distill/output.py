@@ -176,8 +176,8 @@ def load_draft(folder: str | Path, target: Target | None = None, *, dtype: str |
 
 
 def draft_drafter(folder: str | Path, target: Target | None = None, k: int = 4, **kwargs: Any) -> Any:
-    """A :class:`specgraft.eval.drafters.DraftModelDrafter` for a draft folder (on the target's device)."""
-    from specgraft.eval.drafters import DraftModelDrafter
+    """A :class:`specgraft.decoding.drafters.DraftModelDrafter` for a draft folder (on the target's device)."""
+    from specgraft.decoding.drafters import DraftModelDrafter
 
     model, tokenizer, _ = load_draft(folder, target, device=target.device if target is not None else None)
     return DraftModelDrafter(model, k=k, tokenizer=tokenizer, **kwargs)

@@ -143,7 +143,7 @@ def _tuned_section(tuned: Mapping[str, Any] | None) -> list[str]:
              + (f", {device['linear_kernel']} linear kernel" if device.get("linear_kernel") else "")
              + f"): `{json.dumps(setting)}`."]
     predicted, measured = tuned.get("predicted") or {}, (tuned.get("measured") or {}).get("tuned") or {}
-    from specgraft.eval.tune import is_plain  # here, not at import: the card module stays light
+    from specgraft.tuning.tune import is_plain  # here, not at import: the card module stays light
 
     if is_plain(setting):
         best = (tuned.get("measured") or {}).get("best") or {}

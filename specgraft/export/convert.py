@@ -44,7 +44,7 @@ def tuned_engine_settings(tuned: Mapping[str, Any]) -> dict[str, Any]:
     """Engine settings for a ``tuned.json`` record (``specgraft tune``): vLLM's ``num_speculative_tokens``, SGLang's
     ``--speculative-num-steps/--speculative-eagle-topk/--speculative-num-draft-tokens`` (root counted) and
     TensorRT-LLM's ``max_draft_len`` (plus ``medusa_choices`` for a Medusa tree)."""
-    from specgraft.eval.tune import is_plain
+    from specgraft.tuning.tune import is_plain
 
     setting = tuned.get("setting") or {}
     kind = tuned.get("kind")

@@ -26,9 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from specgraft.errors import SpecgraftError
-from specgraft.eval.report_reader import check_report_for_head, read_report, report_problem, same_path
-from specgraft.eval.search import MAX_TREE_TOKENS
-from specgraft.eval.tune import TUNED_NAME, is_plain, read_tuned
+from specgraft.evaluation.report_reader import check_report_for_head, read_report, report_problem, same_path
 from specgraft.export.card import HUB_REPO_ID, is_hub_id, llamacpp_serve_lines, render_model_card
 from specgraft.export.convert import (
     DEFAULT_SPECULATIVE_TOKENS,
@@ -54,6 +52,8 @@ from specgraft.heads.base import (
     rebuild_head,
 )
 from specgraft.target import Target, TargetIdentity
+from specgraft.tuning.search import MAX_TREE_TOKENS
+from specgraft.tuning.tune import TUNED_NAME, is_plain, read_tuned
 from specgraft.utils.io import atomic_path, read_json_meta
 from specgraft.utils.models import DTYPES
 from specgraft.utils.outputs import check_output, files_inside, write_manifest, writing_output
@@ -200,7 +200,7 @@ def _load_recipe_dict(head_dir: Path) -> dict[str, Any] | None:
 
 def load_report(path: str | Path) -> tuple[dict[str, Any], Path]:
     """An eval report (``report.json``, or a folder holding one), checked
-    (:func:`~specgraft.eval.report_reader.read_report`), and the folder its plots are relative to."""
+    (:func:`~specgraft.evaluation.report_reader.read_report`), and the folder its plots are relative to."""
     report, file = read_report(path, "pass a report `specgraft eval` wrote, or re-run the evaluation", required=())
     return report, file.parent
 

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specgraft.decoding.tree import additive_from_visible
 from specgraft.errors import SpecgraftError
-from specgraft.eval.tree import additive_from_visible
 from specgraft.target import Target
 
 #: Name of the attention function registered with transformers' AttentionInterface for EAGLE-3 drafts.

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from specgraft.errors import SpecgraftError
 
 if TYPE_CHECKING:  # annotations only
-    from specgraft.eval.drafter import Drafter
+    from specgraft.decoding.drafter import Drafter
     from specgraft.heads.base import DraftHead
 
 #: The tuned.json ``kind`` of a family's `specgraft tune` search, which the family registers as ``tune_*`` hooks in
@@ -128,7 +128,7 @@ class HeadFamily:
     prediction`` (a prediction: a dict of ``setting``, ``expected_accepted``, ``draft_s``, ``step_s``),
     ``default_setting``, ``setting_label(setting) -> str``, ``same_setting(a, b) -> bool`` and optionally
     ``calibration_setting(head) -> dict`` (the calibration eval's setting, default: the default setting) and
-    ``is_default_run(report, head) -> bool`` (see :mod:`specgraft.eval.tune`). With ``expected_accepted(setting,
+    ``is_default_run(report, head) -> bool`` (see :mod:`specgraft.tuning.tune`). With ``expected_accepted(setting,
     probs) -> float`` (accepted drafts per step of a setting under per-(depth, rank) acceptance ``p[d][r]``) and
     :meth:`~specgraft.heads.base.DraftHead.acceptance_ranks`, the trainer measures a simulated tau on held-out
     rows during training (``training.eval_every``)."""

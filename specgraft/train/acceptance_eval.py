@@ -8,15 +8,15 @@ Depth ``d`` of anchor ``i`` is a real decoding state only where the row follows 
 anchor (tokens ``i+1..i+d`` are assistant tokens equal to ``g_{i..i+d-1}``: the root and the accepted drafts), so
 only those count, and only at the anchors a greedy decoder would verify from (:func:`decoding_anchors`: a step
 from anchor ``i`` moves to ``i + accepted + 1``). The counts are the per-(depth, rank) statistics an eval's
-:class:`~specgraft.eval.acceptance.AcceptanceRecorder` writes (``rank_attempts``, ``rank_accepts``): the anchor
+:class:`~specgraft.decoding.acceptance.AcceptanceRecorder` writes (``rank_attempts``, ``rank_accepts``): the anchor
 reached depth ``d - 1`` along the top-1 spine, and then tried each rank the setting drafts at depth ``d``.
-``p[d][r]`` (:func:`~specgraft.eval.acceptance.rank_probabilities`) and the family's ``expected_accepted(setting,
+``p[d][r]`` (:func:`~specgraft.decoding.acceptance.rank_probabilities`) and the family's ``expected_accepted(setting,
 p)`` hook (its tuner's own prediction: for a chain ``sum_d prod_{j<=d} p[j][0]``, which is ``specgraft simulate
 --acceptance-profile`` of ``p[.][0]``; for a tree its static value) give ``tau = 1 + expected accepted drafts``.
 Its cost is one target forward and one head pass per held-out batch.
 
 **Decoder tau.** The first ``training.eval_prompts`` held-out rows, cut before their first assistant token, are
-decoded greedily by :class:`~specgraft.eval.decoder.SpeculativeDecoder` with the family's drafter at the same
+decoded greedily by :class:`~specgraft.decoding.decoder.SpeculativeDecoder` with the family's drafter at the same
 setting, and by plain decoding: the tau of the speculative run and whether every answer is token-identical.
 """
 
@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
+from specgraft.decoding.acceptance import rank_probabilities
 from specgraft.errors import SpecgraftError
-from specgraft.eval.acceptance import rank_probabilities
 from specgraft.heads.base import DraftHead
 from specgraft.heads.registry import get_family
 from specgraft.target import Target
@@ -197,7 +197,7 @@ def decoder_tau(head: DraftHead, target: Target, setting: Mapping[str, Any], pro
     ``setting`` against plain decoding: ``decoder_tau`` (pooled
     over every verification step), ``decoder_identical`` (answers token-identical to plain decoding, of
     ``decoder_prompts``) and the decoding seconds."""
-    from specgraft.eval.decoder import SpeculativeDecoder
+    from specgraft.decoding.decoder import SpeculativeDecoder
 
     was_training = head.training
     head.eval()

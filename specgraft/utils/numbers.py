@@ -2,7 +2,7 @@
 
 A JSON file may hold ``NaN``/``Infinity`` literals (Python writes them), strings where numbers belong, or negative
 and zero costs; any of them turns into "nan tokens/s", a negative speed or a ZeroDivisionError far from the file.
-The readers of each file type (:class:`~specgraft.eval.cost.CostProfile`, ``tuned.json``, eval reports) check
+The readers of each file type (:class:`~specgraft.tuning.cost.CostProfile`, ``tuned.json``, eval reports) check
 their numbers with these helpers.
 """
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from specgraft.decoding.decoder import SpeculativeDecoder, generate_reference
+from specgraft.decoding.drafters import DraftModelDrafter
 from specgraft.distill.output import DRAFT_META, draft_drafter, load_draft, read_draft_meta, save_draft
 from specgraft.distill.student import student_from_target
 from specgraft.errors import SpecgraftError, TargetMismatchError
-from specgraft.eval.decoder import SpeculativeDecoder, generate_reference
-from specgraft.eval.drafters import DraftModelDrafter
 from specgraft.target import Target
 from specgraft.testing import tiny_model, tiny_tokenizer
 

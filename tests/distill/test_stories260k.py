@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specgraft.config import load_recipe
+from specgraft.decoding.decoder import SpeculativeDecoder, generate_reference
 from specgraft.distill.output import draft_drafter
 from specgraft.distill.trainer import DistillTrainer
-from specgraft.eval.decoder import SpeculativeDecoder, generate_reference
 from specgraft.target import load_target
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "distill" / "stories260k.yaml"

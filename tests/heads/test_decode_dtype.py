@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgraft.eval.decoder import SpeculativeDecoder
+from specgraft.decoding.decoder import SpeculativeDecoder
 from specgraft.heads.base import load_head, load_head_for_decoding
 from specgraft.heads.dflash.config import resolve_dflash_config
 from specgraft.heads.dflash.model import DFlashHead

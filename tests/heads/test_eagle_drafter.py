@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
+from specgraft.decoding.decoder import SpeculativeDecoder
+from specgraft.decoding.drafter import DraftContext
+from specgraft.decoding.tree import depths
+from specgraft.decoding.verify import SamplingParams
 from specgraft.errors import SpecgraftError, TargetMismatchError
-from specgraft.eval.decoder import SpeculativeDecoder
-from specgraft.eval.drafter import DraftContext
-from specgraft.eval.tree import depths
-from specgraft.eval.verify import SamplingParams
 from specgraft.heads import head_class
 from specgraft.heads.eagle.drafter import EagleDrafter
 from specgraft.target import Target

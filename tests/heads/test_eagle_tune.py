@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specgraft.eval.cost import CostProfile
 from specgraft.heads.eagle.tune import _static_tree, dynamic_tree_scale, predict
+from specgraft.tuning.cost import CostProfile
 
 #: p[d][r]: acceptance by depth (row) and sibling rank (column), as a calibration eval records them.
 PROBS = [[0.6, 0.2, 0.1, 0.05], [0.7, 0.15, 0.05, 0.02], [0.75, 0.1, 0.05, 0.02]]

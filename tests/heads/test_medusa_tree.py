@@ -7,12 +7,12 @@ import itertools
 import pytest
 import torch
 
+from specgraft.decoding.decoder import SpeculativeDecoder, generate_reference
+from specgraft.decoding.drafter import DraftContext
+from specgraft.decoding.metrics import summarize
+from specgraft.decoding.tree import depths
+from specgraft.decoding.verify import SamplingParams
 from specgraft.errors import SpecgraftError, TargetMismatchError
-from specgraft.eval.decoder import SpeculativeDecoder, generate_reference
-from specgraft.eval.drafter import DraftContext
-from specgraft.eval.metrics import summarize
-from specgraft.eval.tree import depths
-from specgraft.eval.verify import SamplingParams
 from specgraft.heads.base import load_head
 from specgraft.heads.medusa.drafter import (
     DEFAULT_NUM_NODES,

@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from specgraft.cli import main as cli_main
+from specgraft.decoding.drafter import DraftContext, Drafter
+from specgraft.decoding.tree import DraftTree
 from specgraft.errors import SpecgraftError
-from specgraft.eval.drafter import DraftContext, Drafter
-from specgraft.eval.tree import DraftTree
 from specgraft.export import load_export
 from specgraft.export.convert import EngineCheckpoint
 from specgraft.export.layouts import Dims, TensorRule

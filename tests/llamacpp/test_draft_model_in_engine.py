@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from specgraft.decoding.decoder import SpeculativeDecoder
 from specgraft.distill.output import draft_drafter
-from specgraft.eval.decoder import SpeculativeDecoder
 from specgraft.export import export_head
 from specgraft.export.llamacpp_engine import LlamaServer
 

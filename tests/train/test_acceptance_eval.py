@@ -12,15 +12,15 @@ from datasets import Dataset
 from safetensors.torch import load_file
 
 from specgraft.config import Recipe, from_dict
+from specgraft.decoding.decoder import SpeculativeDecoder
 from specgraft.errors import SpecgraftError
-from specgraft.eval.decoder import SpeculativeDecoder
-from specgraft.eval.simulate import predict
 from specgraft.heads.base import UNRANKED
 from specgraft.target import Target
 from specgraft.testing import tiny_model
 from specgraft.train.acceptance_eval import count_ranks, decoding_anchors, simulated_tau
 from specgraft.train.checkpoint import CHECKPOINTS_DIR, checkpoint_name
 from specgraft.train.trainer import BEST_DIR, METRICS_FILE, HeadTrainer
+from specgraft.tuning.simulate import predict
 
 
 def _walk_reference(accepted: list[int], can_anchor: list[bool]) -> list[int]:

@@ -1,6 +1,6 @@
 """DFlash drafting for the speculative decoder: ONE draft forward per step proposes ``block_size - 1`` tokens.
 
-Per step (see :mod:`specgraft.eval.drafter` for the protocol): the root (the last accepted token, at position
+Per step (see :mod:`specgraft.decoding.drafter` for the protocol): the root (the last accepted token, at position
 ``L-1``) is the block's anchor, slot 0; slots ``1 .. bs-1`` hold the mask token at positions ``L .. L+bs-2`` and
 their outputs are the drafts at depths ``1 .. bs-1``, verified as a chain. The block sees the context features of
 positions ``0 .. L-2`` (all strictly before the anchor, exactly the training mask) and itself, bidirectionally.
@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
+from specgraft.decoding import kv
+from specgraft.decoding.acceptance import AcceptanceRecorder
+from specgraft.decoding.drafter import DraftContext, Drafter, eval_mode
+from specgraft.decoding.tree import DraftTree
+from specgraft.decoding.verify import process_logits
 from specgraft.errors import SpecgraftError
-from specgraft.eval import kv
-from specgraft.eval.acceptance import AcceptanceRecorder
-from specgraft.eval.drafter import DraftContext, Drafter, eval_mode
-from specgraft.eval.tree import DraftTree
-from specgraft.eval.verify import process_logits
 from specgraft.heads.dflash.model import DFlashHead
 
 #: Drafting modes.

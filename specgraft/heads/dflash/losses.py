@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from specgraft.eval.tree import additive_from_visible
+from specgraft.decoding.tree import additive_from_visible
 
 
 def valid_anchor_positions(loss_mask: torch.Tensor, block_size: int,

@@ -415,7 +415,7 @@ class DFlashHead(DraftHead):
         """[.., h] block states -> [.., V_out] draft logits (over :meth:`draft_token_ids`, or the target vocab).
 
         The projection is called as its module where the dtypes agree, so that a decoder's linear-kernel switch
-        (:mod:`specgraft.eval.kernels`) reaches it: through ``F.linear`` with the weight, a few-row vocabulary
+        (:mod:`specgraft.kernels.linear`) reaches it: through ``F.linear`` with the weight, a few-row vocabulary
         projection stays on the BLAS's slow few-row path, which on some CPUs costs more than the rest of the draft."""
         x = self.norm(hidden)
         projection = self._projection_module()

@@ -17,7 +17,7 @@ children), and the spine is the same argmax chain at every width, so for greedy 
 
 predicts every narrower tree and every shorter chain (``k = 1``) from that one run; tokens/s is
 ``(1 + E) / (draft forward + step cost(tokens verified))`` as for the other families
-(:mod:`specgraft.eval.tune`, which turns these hooks' predictions into ranked candidates). The draft forward is
+(:mod:`specgraft.tuning.tune`, which turns these hooks' predictions into ranked candidates). The draft forward is
 measured by ``specgraft profile`` (:func:`profile_drafter`).
 """
 
@@ -26,16 +26,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from specgraft.decoding.acceptance import calibration_probabilities, tree_value
 from specgraft.errors import SpecgraftError
-from specgraft.eval.acceptance import calibration_probabilities, tree_value
 from specgraft.heads.dflash.drafter import DFlashDrafter
 from specgraft.heads.dflash.model import DFlashHead
 
 if TYPE_CHECKING:  # annotations only: a family uses eval's public protocol, the tuner passes the profile in
-    from specgraft.eval.cost import CostProfile
+    from specgraft.tuning.cost import CostProfile
 
 #: A predicted setting as the tuner takes it: ``setting``, ``expected_accepted``, ``draft_s`` and the step fields
-#: of :meth:`~specgraft.eval.cost.CostProfile.step_prediction`.
+#: of :meth:`~specgraft.tuning.cost.CostProfile.step_prediction`.
 Prediction = dict[str, Any]
 
 #: Tree widths (siblings per slot) whose draft forward ``specgraft profile`` measures; the widest is calibrated.

@@ -2,7 +2,7 @@
 
 The draft works on (feature, next token) pairs: pair ``i`` is the target feature of position ``i`` with the token
 ``x_{i+1}``, at draft position ``i``; its output feature predicts the token ``x_{i+2}`` and is fed back as the
-feature of the next pair. Per decoding step (see :mod:`specgraft.eval.drafter` for the protocol):
+feature of the next pair. Per decoding step (see :mod:`specgraft.decoding.drafter` for the protocol):
 
 1. Catch up: run the pairs whose target features the decoder just delivered (positions ``hidden_start .. L-2``,
    paired with the tokens up to the root) on top of the draft's own KV cache (a transformers ``DynamicCache``).
@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
+from specgraft.decoding import kv
+from specgraft.decoding.acceptance import AcceptanceRecorder
+from specgraft.decoding.drafter import DraftContext, Drafter, eval_mode
+from specgraft.decoding.tree import DraftTree, additive_from_visible, level_visibility, strict_ancestors
+from specgraft.decoding.verify import process_logits
 from specgraft.errors import SpecgraftError
-from specgraft.eval import kv
-from specgraft.eval.acceptance import AcceptanceRecorder
-from specgraft.eval.drafter import DraftContext, Drafter, eval_mode
-from specgraft.eval.tree import DraftTree, additive_from_visible, level_visibility, strict_ancestors
-from specgraft.eval.verify import process_logits
 from specgraft.heads.eagle.model import EagleHeadBase
 
 #: Drafting modes.

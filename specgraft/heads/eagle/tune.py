@@ -12,7 +12,7 @@ per expanded node, reranked to ``total_tokens``) and verifies them. Candidates:
   value.
 
 ``p[d][r]`` comes from the per-(depth, rank) statistics of a calibration eval at the default tree; the tuner
-(:mod:`specgraft.eval.tune`) ranks, confirms and records the predictions.
+(:mod:`specgraft.tuning.tune`) ranks, confirms and records the predictions.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from specgraft.decoding.acceptance import calibration_probabilities, optimal_tree, tree_value
 from specgraft.errors import SpecgraftError
-from specgraft.eval.acceptance import calibration_probabilities, optimal_tree, tree_value
-from specgraft.eval.search import max_verified_tokens, monotone, section_table
 from specgraft.heads.eagle.drafter import EagleDrafter, drafter_from_setting
+from specgraft.tuning.search import max_verified_tokens, monotone, section_table
 
 if TYPE_CHECKING:  # annotations only: the tuner passes the profile in
-    from specgraft.eval.cost import CostProfile
     from specgraft.heads.eagle.model import EagleHeadBase
+    from specgraft.tuning.cost import CostProfile
 
 #: A predicted setting as the tuner takes it: ``setting``, ``expected_accepted``, ``draft_s`` and the step fields
-#: of :meth:`~specgraft.eval.cost.CostProfile.step_prediction`.
+#: of :meth:`~specgraft.tuning.cost.CostProfile.step_prediction`.
 Prediction = dict[str, Any]
 
 #: Draft depths and tree widths whose propose call ``specgraft profile`` times.

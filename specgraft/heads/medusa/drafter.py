@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
+from specgraft.decoding.acceptance import AcceptanceRecorder
+from specgraft.decoding.drafter import DraftContext, Drafter
+from specgraft.decoding.tree import DraftTree, TreeStructure, tree_structure
 from specgraft.errors import SpecgraftError
-from specgraft.eval.acceptance import AcceptanceRecorder
-from specgraft.eval.drafter import DraftContext, Drafter
-from specgraft.eval.tree import DraftTree, TreeStructure, tree_structure
 from specgraft.heads.medusa.model import MedusaHead, label_mask
 from specgraft.target import Target
 
@@ -51,7 +51,7 @@ class MedusaTree:
     """A static Medusa tree: node ``i`` is the choice path ``paths[i]`` (ranks per depth, 0 = best).
 
     Nodes are in breadth-first order, siblings by ascending rank (best first), so ``parents[i] < i`` and the
-    structure can be handed to :class:`~specgraft.eval.tree.DraftTree` as it is.
+    structure can be handed to :class:`~specgraft.decoding.tree.DraftTree` as it is.
     """
 
     paths: tuple[tuple[int, ...], ...]

@@ -2,9 +2,9 @@
 
 A Medusa step costs one call of the ``depth`` heads used (filling every tree node) plus verifying the tree. The
 candidates are, for every depth and node count, the optimal static tree of the dynamic program
-:func:`~specgraft.eval.acceptance.optimal_tree` over the per-(depth, rank) acceptance of a calibration eval (the
+:func:`~specgraft.decoding.acceptance.optimal_tree` over the per-(depth, rank) acceptance of a calibration eval (the
 head's stored top-k accuracies where a cell was never tried: the ``tuning_prior`` hook). The tuner
-(:mod:`specgraft.eval.tune`) turns these predictions into ranked candidates, confirms and records them.
+(:mod:`specgraft.tuning.tune`) turns these predictions into ranked candidates, confirms and records them.
 """
 
 from __future__ import annotations
@@ -12,22 +12,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from specgraft.decoding.acceptance import calibration_probabilities, optimal_tree, tree_value
 from specgraft.errors import SpecgraftError
-from specgraft.eval.acceptance import calibration_probabilities, optimal_tree, tree_value
-from specgraft.eval.search import max_verified_tokens
 from specgraft.heads.medusa.drafter import (
     build_sparse_tree,
     default_setting,
     drafter_from_setting,
     tuning_prior,
 )
+from specgraft.tuning.search import max_verified_tokens
 
 if TYPE_CHECKING:  # annotations only: the tuner passes the profile in
-    from specgraft.eval.cost import CostProfile
     from specgraft.heads.medusa.model import MedusaHead
+    from specgraft.tuning.cost import CostProfile
 
 #: A predicted setting as the tuner takes it: ``setting``, ``expected_accepted``, ``draft_s`` and the step fields
-#: of :meth:`~specgraft.eval.cost.CostProfile.step_prediction`.
+#: of :meth:`~specgraft.tuning.cost.CostProfile.step_prediction`.
 Prediction = dict[str, Any]
 
 #: Heads (depths) and tree node counts whose call ``specgraft profile`` times; the cost between node counts is

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from specgraft.eval.decoder import SpeculativeDecoder
-from specgraft.eval.drafter import DraftContext
+from specgraft.decoding.decoder import SpeculativeDecoder
+from specgraft.decoding.drafter import DraftContext
 from specgraft.heads.dflash.config import resolve_dflash_config
 from specgraft.heads.dflash.model import DFlashHead
 from specgraft.target import Target

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specgraft.decoding.decoder import SpeculativeDecoder
+from specgraft.decoding.verify import SamplingParams
 from specgraft.errors import SpecgraftError, TargetMismatchError
-from specgraft.eval.decoder import SpeculativeDecoder
-from specgraft.eval.verify import SamplingParams
 from specgraft.heads.dflash.drafter import DFlashDrafter
 from specgraft.target import Target
 from specgraft.testing import tiny_model, tiny_tokenizer

@@ -11,11 +11,11 @@ import pytest
 
 from specgraft.cli import main
 from specgraft.errors import SpecgraftError
-from specgraft.eval.cost import CostProfile
-from specgraft.eval.tune import candidates_for, predict_setting, same_setting, setting_label
 from specgraft.heads.dflash.tune import setting_paths
 from specgraft.target import Target
 from specgraft.testing import tiny_model, tiny_tokenizer
+from specgraft.tuning.cost import CostProfile
+from specgraft.tuning.tune import candidates_for, predict_setting, same_setting, setting_label
 from tests.heads.dflash.helpers import make_head
 
 TARGET = {"name_or_path": "tiny", "architecture": "Qwen3ForCausalLM", "hidden_size": 64, "vocab_size": 320,
@@ -153,7 +153,7 @@ def test_profile_tune_eval_export_end_to_end(tmp_path, capsys):
 
     # An untrained head on a tiny target may not beat plain decoding; the bar is set below any measured speedup so
     # that a drafting setting is kept and its path through eval and export is pinned (plain decoding has its own
-    # test in tests/eval/test_tune.py).
+    # test in tests/tuning/test_tune.py).
     _, out = cli("tune", "--target", tmp_path / "target", "--head", head_dir, "--prompts", prompts,
                  "--cost-profile", profile_file, "--max-new-tokens", "8", "--out", tmp_path / "tune",
                  "--min-speedup", "1e-9")
