@@ -114,10 +114,9 @@ def tune_both(model_dir: Path, runs: dict[str, dict[str, Any]], split: dict[str,
     rows = []
     for name, head in heads.items():
         kind = kind_of(head.head_type)
-        prior_hook = family_of(head).hooks.get("tuning_prior")
         result, record = tune(target, kind, head.head_type, head, Path(runs[name]["head_dir"]), prompts,
                               work / "tune" / name, profile=profile, calibration=None, settings=eval_settings,
-                              prior=prior_hook(head) if prior_hook is not None else None, progress=False)
+                              prior=family_of(head).search.prior(head), progress=False)
         atomic_write_json(Path(runs[name]["head_dir"]) / TUNED_NAME, record)
         for which, candidate in (("tuned", result.chosen), ("default", result.default)):
             # the eval that measured this setting (the tuned one may be the second opinion's or the calibration's)

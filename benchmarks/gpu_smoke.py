@@ -183,8 +183,7 @@ def decode_check(work: Path, family: str, prompts: list[list[int]], max_new_toke
     model = AutoModelForCausalLM.from_pretrained(work / "target", dtype="auto").to(device).eval()
     target = load_target(model)
     head = load_head_for_decoding(target, work / family / "head").eval()
-    hooks = get_family(family).hooks
-    setting = hooks["default_setting"](head)
+    setting = get_family(family).search.default_setting(head)
     spec = SpeculativeDecoder(target, drafter=get_family(family).drafter(head, setting), ignore_eos=True)
     plain = SpeculativeDecoder(target, ignore_eos=True)
     device = model.device  # the torch.device (for synchronising)

@@ -30,7 +30,10 @@ from typing import Any
 import yaml
 
 from specgraft.errors import ConfigError
-from specgraft.utils.io import atomic_write_text, require_file
+from specgraft.heads.registry import default_family, family_names, get_family
+from specgraft.utils.checks import MAX_LAYER_INDEX, check_choice, check_positive, check_range  # noqa: F401 (re-exported)
+from specgraft.utils.io import require_file
+from specgraft.utils.recipe_io import save_recipe, to_dict  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -351,20 +354,17 @@ def recipe_schema(raw: Mapping[str, Any], path: Any = "recipe") -> type:
 
 
 def _default_head() -> Any:
-    from specgraft.heads.registry import get_family
-
-    return get_family(DEFAULT_HEAD_TYPE).config()
+    return default_family().config()
 
 
 def head_section(value: Any, path: str) -> Any:
-    """A recipe's ``head:`` section -> the typed config of the family its ``type`` names (default medusa)."""
-    from specgraft.heads.registry import family_names, get_family
-
+    """A recipe's ``head:`` section -> the typed config of the family its ``type`` names (default: the registry's
+    :func:`~specgraft.heads.registry.default_family`, Medusa)."""
     if value is None:
         value = {}
     if not isinstance(value, Mapping):
         raise ConfigError(f"{path} must be a mapping, got {_tname(value)}")
-    head_type = value.get("type", DEFAULT_HEAD_TYPE)
+    head_type = value.get("type", default_family().name)
     if not isinstance(head_type, str):
         raise ConfigError(f"{path}.type must be a string, got {_tname(head_type)} {head_type!r}")
     check_choice(f"{path}.type", head_type, family_names())
@@ -374,11 +374,6 @@ def head_section(value: Any, path: str) -> Any:
 # ----------------------------------------------------------------------------------------------------------------
 # Loading
 
-#: The head family of a recipe that names none.
-DEFAULT_HEAD_TYPE = "medusa"
-
-#: Largest output_hidden_states index a recipe may name (the deepest open models have a few hundred layers).
-MAX_LAYER_INDEX = 4096
 #: Largest seed: numpy (datasets' shuffles) takes seeds below 2**32.
 MAX_SEED = 2**32 - 1
 #: A tracker project / run name: one folder name, no path.
@@ -497,27 +492,6 @@ def from_dict(schema: type, raw: Mapping[str, Any], path: str = "") -> Any:
     return obj
 
 
-def to_dict(obj: Any) -> Any:
-    """A plain (YAML/JSON-serialisable) copy of a config dataclass; a head family's config keeps its ``type``
-    (a class attribute of the family config, not a field)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        head_type = getattr(type(obj), "type", None)
-        if isinstance(head_type, str) and "type" not in out:
-            out = {"type": head_type, **out}
-        return out
-    if isinstance(obj, (list, tuple)):
-        return [to_dict(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: to_dict(v) for k, v in obj.items()}
-    return obj
-
-
-def save_recipe(recipe: Any, path: str | Path) -> None:
-    """Write the fully resolved recipe as YAML (atomically)."""
-    atomic_write_text(path, yaml.safe_dump(to_dict(recipe), sort_keys=False))
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Helpers
 
@@ -593,28 +567,3 @@ def _deep_copy(raw: Any) -> Any:
     if isinstance(raw, list):
         return [_deep_copy(v) for v in raw]
     return raw
-
-
-def check_choice(path: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        close = difflib.get_close_matches(str(value), list(choices), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"{path} must be one of {', '.join(choices)}, got {value!r}{hint}")
-
-
-def check_positive(path: str, value: int | float) -> None:
-    if not value > 0:  # also false for NaN
-        raise ConfigError(f"{path} must be positive, got {value}")
-
-
-def check_range(path: str, value: float, low: float | None, high: float | None,
-                 low_open: bool = False, high_open: bool = False) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{path} must be a finite number, got {value}")
-    too_low = low is not None and (value <= low if low_open else value < low)
-    too_high = high is not None and (value >= high if high_open else value > high)
-    if too_low or too_high:
-        lo = "-inf" if low is None else f"{low}"
-        hi = "inf" if high is None else f"{high}"
-        interval = f"{'(' if low_open or low is None else '['}{lo}, {hi}{')' if high_open or high is None else ']'}"
-        raise ConfigError(f"{path} must be in {interval}, got {value}")

@@ -6,6 +6,7 @@ Nothing here downloads anything. Used by the test-suite, the benchmarks and the 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import subprocess
 import sys
@@ -83,7 +84,7 @@ def builtin_drafters(model: PreTrainedModel, seed: int = 0, noise: float = 0.05)
     every built-in family (weights perturbed by ``noise`` so that it agrees with the target only now and then), in
     its default setting and as a chain. Heads are built in the target's dtype; each factory builds afresh."""
     from specgraft.decoding.drafters import DraftModelDrafter, RandomDrafter, SelfDrafter
-    from specgraft.heads.registry import BUILTIN_FAMILIES, get_family
+    from specgraft.heads.registry import family_names, get_family
     from specgraft.target import Target
 
     vocab = int(model.config.get_text_config().vocab_size)
@@ -100,14 +101,16 @@ def builtin_drafters(model: PreTrainedModel, seed: int = 0, noise: float = 0.05)
     def head(name: str, chain: bool) -> Any:
         family = get_family(name)
         target = Target(model)
-        overrides = {"mask_token_id": vocab - 1} if name == "dflash" else {}
+        # A family that drafts from a mask token (DFlash) gets the last id: the tiny test tokenizers have none.
+        wants_mask = "mask_token_id" in {f.name for f in dataclasses.fields(family.config)}
+        overrides = {"mask_token_id": vocab - 1} if wants_mask else {}
         torch.manual_seed(seed)
         built = family.head.build(target, family.config(**overrides).resolve(target))
         with torch.no_grad():
             for p in built.parameters():
                 p.add_(torch.randn_like(p) * noise)
         built = built.to(dtype).eval()
-        setting = ({"mode": "chain"} if chain else family.hooks["default_setting"](built))
+        setting = ({"mode": "chain"} if chain else family.search.default_setting(built))
         return family.drafter(built, setting)
 
     factories: dict[str, Callable[[], Any]] = {
@@ -117,7 +120,7 @@ def builtin_drafters(model: PreTrainedModel, seed: int = 0, noise: float = 0.05)
         "draft_model_chain": lambda: draft_model(k=4),
         "draft_model_tree": lambda: draft_model(k=3, tree_topk=(3, 2)),
     }
-    for name in BUILTIN_FAMILIES:
+    for name in family_names():
         factories[f"{name}_default"] = functools.partial(head, name, False)
         factories[f"{name}_chain"] = functools.partial(head, name, True)
     return factories

@@ -1067,7 +1067,7 @@ def test_issue_47_traceback_ctrl_c_while_starting(monkeypatch, capsys):
 
 def test_issue_47_message_export_help_lists_each_familys_formats(capsys):
     """`export --help` names, per family, exactly the formats the registry can export it to."""
-    from specgraft.export.layouts import supported_formats
+    from specgraft.export.formats import supported_formats
 
     with pytest.raises(SystemExit):
         cli_main(["export", "--help"])

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from specgraft.distill.tune import DRAFT_MODEL_KIND
 from specgraft.errors import SpecgraftError
 from specgraft.target import Target, TargetIdentity
 from specgraft.utils.io import atomic_path
@@ -109,7 +110,7 @@ def save_draft(folder: str | Path, model: torch.nn.Module, tokenizer: Any, targe
     folder = Path(folder)
     meta = {
         "format_version": DRAFT_FORMAT_VERSION,
-        "kind": "draft_model",
+        "kind": DRAFT_MODEL_KIND,
         "target": target_identity.to_dict(),
         "student": student or {},
         "distill": distill or {},

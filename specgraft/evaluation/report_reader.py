@@ -1,4 +1,5 @@
-"""The one reader of ``report.json`` (what ``specgraft eval`` writes), with its schema checked where it is read.
+"""The one reader of ``report.json`` (what ``specgraft eval`` writes) and of ``tuned.json`` (what ``specgraft tune``
+writes beside a head or draft), with their schemas checked where they are read.
 
 ``tune --calibration``, ``simulate --report`` and ``export --report`` all read reports through
 :func:`read_report`: a JSON object whose sections have the right JSON types, whose metrics are finite
@@ -8,14 +9,21 @@ damaged report is refused with one line instead of reaching a tuned.json, a pred
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from specgraft.errors import SpecgraftError
+from specgraft.tuning.search import MAX_TREE_TOKENS
 from specgraft.utils.io import read_json_meta, require_file
 from specgraft.utils.numbers import check_number, check_number_tree, is_number
 
 REPORT_FILE = "report.json"
+TUNED_NAME = "tuned.json"
+#: The setting that drafts nothing: plain decoding. ``specgraft tune`` stores it when no drafting setting is faster
+#: than plain decoding on the device (measured by the confirming evals, else predicted); ``specgraft eval`` then
+#: decodes plainly and the exports carry no tuned engine hints.
+PLAIN_SETTING: dict[str, Any] = {"mode": "plain"}
 #: Report sections and the JSON type each must have when present.
 SECTION_TYPES: dict[str, type] = {"drafter": dict, "overall": dict, "domains": dict, "plots": dict,
                                   "settings": dict, "target": dict}
@@ -92,3 +100,42 @@ def same_path(recorded: str, head_dir: Path, base: Path) -> bool:
     candidate = Path(recorded)
     candidates = [candidate] if candidate.is_absolute() else [candidate, base / candidate]
     return any(c.exists() and c.resolve() == head_dir.resolve() for c in candidates)
+
+
+def is_plain(setting: Mapping[str, Any] | None) -> bool:
+    """Whether a (tuned) setting is plain decoding: draft nothing."""
+    return bool(setting) and setting.get("mode") == PLAIN_SETTING["mode"]
+
+
+# -- tuned.json ----------------------------------------------------------------------------------------------------
+def read_tuned(folder: str | Path) -> dict[str, Any] | None:
+    """The tuned setting stored in a head or draft folder (None when it was never tuned)."""
+    file = Path(folder) / TUNED_NAME
+    if not file.is_file():
+        return None
+    fix = f"re-run `specgraft tune --overwrite` for {folder}"
+    record = read_json_meta(file, ("kind", "setting", "device"), fix)  # NaN/Infinity literals refused
+    # The schema, checked here: the setting drives eval and the exported engine configs, the rest the card.
+    if not isinstance(record["kind"], str):
+        raise SpecgraftError(f"{file}: kind is {record['kind']!r}, not a name; {fix}")
+    for key in ("setting", "device"):
+        if not isinstance(record[key], dict):
+            raise SpecgraftError(f"{file}: {key} is {type(record[key]).__name__}, not an object; {fix}")
+    for key, value in record["setting"].items():
+        if not isinstance(value, str):
+            check_number_tree(value, f"{file}: setting.{key}", fix, high=MAX_TREE_TOKENS)
+    for key in ("predicted", "measured", "default", "candidates"):
+        if record.get(key) is not None and not isinstance(record[key], (dict, list)):
+            raise SpecgraftError(f"{file}: {key} is {type(record[key]).__name__}, not an object; {fix}")
+    return record
+
+
+def drafter_info(kind: str, head_type: str, path: str, setting: dict[str, Any], source: str) -> dict[str, Any]:
+    """What report.json records under ``drafter`` for a tuned/default setting."""
+    info: dict[str, Any] = {"type": head_type, "path": path, "mode": setting.get("mode"), "setting_source": source}
+    for key in ("k", "depth", "top_k", "total_tokens", "tree_size"):
+        if key in setting:
+            info[key] = setting[key]
+    if "paths" in setting:  # a static tree (Medusa): eval's k is its depth
+        info["k"] = setting["depth"]
+    return info

@@ -13,7 +13,7 @@ from specgraft.utils.lazy import lazy_exports
 _EXPORTS = {
     "render_model_card": "card",
     **dict.fromkeys(("ExportResult", "export_head", "load_export", "read_export_meta"), "exporter"),
-    **dict.fromkeys(("FORMATS", "formats_for", "supported_formats"), "layouts"),
+    **dict.fromkeys(("FORMATS", "formats_for", "supported_formats"), "formats"),
     **dict.fromkeys(("plan_push", "push_folder"), "push"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -13,6 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from specgraft.errors import SpecgraftError
+from specgraft.evaluation.report_reader import is_plain
+from specgraft.heads.registry import get_family
+
 FORMAT_TAGS = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt-llm", "llamacpp": "gguf",
                "native": "specgraft"}
 FORMAT_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp (GGUF)",
@@ -103,10 +107,7 @@ def _yaml_str(value: str) -> str:
 
 
 def _card_text(head_type: str) -> Any:
-    """The family's :class:`~specgraft.heads.registry.CardText` (None for a type no family registers)."""
-    from specgraft.errors import SpecgraftError
-    from specgraft.heads.registry import get_family
-
+    """The family's :class:`~specgraft.heads.family.CardText` (None for a type no family registers)."""
     try:
         return get_family(head_type).card
     except SpecgraftError:
@@ -143,8 +144,6 @@ def _tuned_section(tuned: Mapping[str, Any] | None) -> list[str]:
              + (f", {device['linear_kernel']} linear kernel" if device.get("linear_kernel") else "")
              + f"): `{json.dumps(setting)}`."]
     predicted, measured = tuned.get("predicted") or {}, (tuned.get("measured") or {}).get("tuned") or {}
-    from specgraft.tuning.tune import is_plain  # here, not at import: the card module stays light
-
     if is_plain(setting):
         best = (tuned.get("measured") or {}).get("best") or {}
         lines.append("No drafting setting was faster than plain decoding on that device"

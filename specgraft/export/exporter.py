@@ -25,8 +25,17 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from specgraft.distill.tune import DRAFT_MODEL_KIND
 from specgraft.errors import SpecgraftError
-from specgraft.evaluation.report_reader import check_report_for_head, read_report, report_problem, same_path
+from specgraft.evaluation.report_reader import (
+    TUNED_NAME,
+    check_report_for_head,
+    is_plain,
+    read_report,
+    read_tuned,
+    report_problem,
+    same_path,
+)
 from specgraft.export.card import HUB_REPO_ID, is_hub_id, llamacpp_serve_lines, render_model_card
 from specgraft.export.convert import (
     DEFAULT_SPECULATIVE_TOKENS,
@@ -35,7 +44,7 @@ from specgraft.export.convert import (
     to_engine,
     tuned_engine_settings,
 )
-from specgraft.export.layouts import engine_exporter, require_supported
+from specgraft.export.formats import engine_exporter, require_supported
 from specgraft.export.target_info import TargetInfo, resolve_target
 from specgraft.heads.base import (
     ADAPTER_DIR,
@@ -51,9 +60,9 @@ from specgraft.heads.base import (
     read_head_weights,
     rebuild_head,
 )
+from specgraft.heads.registry import family_names, get_family
 from specgraft.target import Target, TargetIdentity
 from specgraft.tuning.search import MAX_TREE_TOKENS
-from specgraft.tuning.tune import TUNED_NAME, is_plain, read_tuned
 from specgraft.utils.io import atomic_path, read_json_meta
 from specgraft.utils.models import DTYPES
 from specgraft.utils.outputs import check_output, files_inside, write_manifest, writing_output
@@ -65,9 +74,6 @@ CARD_NAME = "README.md"
 CONFIG_NAME = "config.json"
 EXPORT_VERSION = 1
 REPORT_NAME = "report.json"
-
-#: What vLLM looks for in a draft's path, per head type, and the suffix that adds it.
-VLLM_NAME_MARKERS = {"eagle": ("eagle-", "-eagle-1"), "eagle3": ("eagle3", "-eagle3")}
 
 DTYPE_NAMES = DTYPES
 
@@ -104,40 +110,44 @@ def local_base_model_warning(base: str) -> str | None:
             "Hub id)")
 
 
+def vllm_path_markers() -> dict[str, tuple[str, str]]:
+    """vLLM method -> (what vLLM looks for in a draft's path to pick it, the suffix that adds it), from the families'
+    cards (:attr:`~specgraft.heads.family.CardText.vllm_path_marker`), in the order vLLM checks them."""
+    cards = [get_family(name).card for name in family_names()]
+    return {card.vllm_method: card.vllm_path_marker for card in cards
+            if card is not None and card.vllm_method is not None and card.vllm_path_marker is not None}
+
+
 def vllm_method_from_path(path: str) -> str | None:
     """The method vLLM infers from a draft path when none is given (None: it falls back to the config)."""
     lowered = path.lower()
-    if "eagle-" in lowered:
-        return "eagle"
-    if "eagle3" in lowered:
-        return "eagle3"
-    return None
+    return next((method for method, (marker, _) in vllm_path_markers().items() if marker in lowered), None)
 
 
 def _vllm_method(head_type: str) -> str | None:
     """The vLLM method name of a family (its card's ``vllm_method``), when vLLM serves it."""
-    from specgraft.heads.registry import get_family
-
     card = get_family(head_type).card
     return card.vllm_method if card is not None else None
 
 
 def vllm_name_warnings(path: str, head_type: str, what: str = "path") -> list[str]:
     """Warnings for a draft ``path`` (a folder or a Hub repo id) that vLLM's name detection would misread."""
+    markers = vllm_path_markers()
     inferred = vllm_method_from_path(path)
     method = _vllm_method(head_type)
-    expected = method if method in VLLM_NAME_MARKERS else None
+    expected = method if method in markers else None
     if inferred == expected:
         return []
     if expected is None:
-        return [f"the {what} {path} contains {'eagle-' if inferred == 'eagle' else 'eagle3'!r}, so vLLM will serve "
-                f"this {head_type} head as {inferred} unless the method is given; rename it"]
-    marker = VLLM_NAME_MARKERS[expected][0]
+        return [f"the {what} {path} contains {markers[inferred][0]!r}, so vLLM will serve this {head_type} head as "
+                f"{inferred} unless the method is given; rename it"]
+    marker = markers[expected][0]
     if inferred is None:
         return [f"the {what} {path} lacks {marker!r}, so vLLM will not recognise this {head_type} head unless the "
                 f"method is given (--speculative-config '{{\"method\": \"{head_type}\", ...}}')"]
-    return [f"the {what} {path} contains 'eagle-', so vLLM will serve this {head_type} head as EAGLE-1 unless the "
-            f"method is given; rename it without 'eagle-'"]
+    found = markers[inferred][0]
+    return [f"the {what} {path} contains {found!r}, so vLLM will serve this {head_type} head as {inferred} unless "
+            f"the method is given; rename it without {found!r}"]
 
 
 def export_path(out: str | Path, head_type: str, fmt: str, keep_name: bool = False) -> tuple[Path, list[str]]:
@@ -146,8 +156,9 @@ def export_path(out: str | Path, head_type: str, fmt: str, keep_name: bool = Fal
     if fmt != "vllm":
         return out, []
     method = _vllm_method(head_type)
-    if method in VLLM_NAME_MARKERS and not keep_name:
-        marker, suffix = VLLM_NAME_MARKERS[method]
+    markers = vllm_path_markers()
+    if method in markers and not keep_name:
+        marker, suffix = markers[method]
         if marker not in out.name.lower():
             out = out.with_name(out.name + suffix)
     return out, vllm_name_warnings(str(out.resolve()), head_type)
@@ -409,7 +420,7 @@ def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: s
     notes = check_gguf_tokens(target, [str(t) for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))])
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     n = int(speculative_tokens or DEFAULT_SPECULATIVE_TOKENS)
-    export_meta = {"specgraft_export_version": EXPORT_VERSION, "format": "llamacpp", "head_type": "draft_model",
+    export_meta = {"specgraft_export_version": EXPORT_VERSION, "format": "llamacpp", "head_type": DRAFT_MODEL_KIND,
                    "draft": meta, "llamacpp": {"target_gguf": target.path.name, "draft_file": DRAFT_FILE,
                                                "draft_tokens": n}}
     card = "\n".join([
@@ -424,7 +435,7 @@ def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: s
         (tmp / EXPORT_META_NAME).write_text(json.dumps(export_meta, indent=2, default=str) + "\n", encoding="utf-8")
         (tmp / CARD_NAME).write_text(card, encoding="utf-8")
         write_manifest(tmp, files, "export")  # what `push` uploads, and nothing else
-    return ExportResult(out, "llamacpp", "draft_model", sorted(files), notes=notes)
+    return ExportResult(out, "llamacpp", DRAFT_MODEL_KIND, sorted(files), notes=notes)
 
 
 def _target_gguf_path(target_gguf: str | Path | None, recorded: str) -> str | Path:

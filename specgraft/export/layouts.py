@@ -27,14 +27,12 @@ Sources (checked facts, see ``specgraft/export/FORMATS.md``):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from specgraft.errors import SpecgraftError
-from specgraft.export.options import FORMATS
 
 
 @dataclass(frozen=True)
@@ -134,9 +132,8 @@ EAGLE3_TAIL = (
 _DTYPES = {"int64": (torch.int64,), "bool": (torch.bool,)}
 
 
-def expected_tensors(head_type: str, fmt: str, dims: Dims) -> dict[str, tuple[tuple[int, ...], str]]:
-    """name -> (shape, dtype kind) of every tensor the engine loads for ``dims``."""
-    rules = engine_exporter(head_type, fmt).layout
+def expand_rules(rules: Sequence[TensorRule], dims: Dims) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, dtype kind) of every tensor a layout table ``rules`` names for ``dims``."""
     out: dict[str, tuple[tuple[int, ...], str]] = {}
     fields = {name: getattr(dims, name) for name in dims.__dataclass_fields__}
     for rule in rules:
@@ -169,39 +166,3 @@ def check_tensors(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, tu
         if not ok:
             raise SpecgraftError(f"{what}: tensor {name} has dtype {tensor.dtype} but the engine expects {kind}; "
                                  "re-save the head")
-
-
-def engine_exporter(head_type: str, fmt: str) -> Any:
-    """The registered :class:`~specgraft.heads.registry.EngineExporter` of ``head_type`` for ``fmt`` (refused,
-    naming the formats that can, when the format cannot hold the family)."""
-    from specgraft.heads.registry import get_family
-
-    if fmt not in FORMATS:
-        raise SpecgraftError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
-    family = get_family(head_type)
-    if fmt not in family.exporters:
-        raise SpecgraftError(f"the {fmt} format cannot hold a {head_type} head; export it as one of "
-                             f"{', '.join(family.formats)}")
-    return family.exporters[fmt]
-
-
-def formats_for(head_type: str) -> tuple[str, ...]:
-    """The formats that can hold ``head_type`` (native holds every family)."""
-    from specgraft.heads.registry import get_family
-
-    return get_family(head_type).formats
-
-
-def supported_formats() -> dict[str, tuple[str, ...]]:
-    """Every registered family -> the formats that hold it."""
-    from specgraft.heads.registry import family_names
-
-    return {name: formats_for(name) for name in family_names()}
-
-
-def require_supported(head_type: str, fmt: str) -> None:
-    """Refuse a (head type, format) pair the format cannot hold, naming the formats that can."""
-    if fmt != "native":
-        engine_exporter(head_type, fmt)
-    elif fmt not in FORMATS:
-        raise SpecgraftError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")

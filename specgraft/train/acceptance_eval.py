@@ -40,11 +40,11 @@ def served_setting(head: DraftHead, override: Mapping[str, Any] | None) -> dict[
     default (what an untuned ``specgraft eval --head`` drafts)."""
     if override:
         return dict(override)
-    default = get_family(head.head_type).hooks.get("default_setting")
-    if default is None:
+    search = get_family(head.head_type).search
+    if search is None:
         raise SpecgraftError(f"the {head.head_type} family has no default drafting setting; set "
                              "training.eval_setting (e.g. {mode: chain, depth: 4})")
-    return dict(default(head))
+    return dict(search.default_setting(head))
 
 
 def setting_widths(setting: Mapping[str, Any]) -> list[int]:
@@ -170,12 +170,12 @@ def collect_rank_statistics(head: DraftHead, target: Target, batches: Iterable[M
 def simulated_tau(head: DraftHead, setting: Mapping[str, Any], statistics: Mapping[str, Any]) -> dict[str, Any]:
     """``sim_tau`` (1 + the family's expected accepted drafts of ``setting``) and ``sim_acceptance_by_depth``
     (``p[d][0]``) from held-out rank statistics."""
-    expected = get_family(head.head_type).hooks.get("expected_accepted")
-    if expected is None:
-        raise SpecgraftError(f"the {head.head_type} family has no expected_accepted hook; set "
+    search = get_family(head.head_type).search
+    if search is None or not search.simulates_acceptance:
+        raise SpecgraftError(f"the {head.head_type} family's search has no expected_accepted; set "
                              "training.eval_every=0")
     probs = rank_probabilities(dict(statistics), min_attempts=1)
-    return {"sim_tau": 1.0 + float(expected(setting, probs)),
+    return {"sim_tau": 1.0 + float(search.expected_accepted(setting, probs)),
             "sim_acceptance_by_depth": [round(row[0], 4) if row else 0.0 for row in probs],
             "sim_anchors": int(statistics["verdicts"])}
 

@@ -11,9 +11,9 @@ given to it at construction:
 * :meth:`~TrainStep.after_optimizer_step` (periodic work such as distillation's held-out alpha) and
   :meth:`~TrainStep.finalize` (measurements before the final save) are the only other calls.
 
-:class:`HeadTrainStep` trains a registered head family (Medusa-2's joint LoRA step comes from the medusa family's
-``lora_step`` hook, the post-training measurement from its ``train_metrics`` hook); distillation's step is
-:class:`specgraft.distill.trainer.DistillTrainStep`.
+:class:`HeadTrainStep` trains a registered head family (a family's own step, Medusa-2's joint LoRA step,
+comes from its :attr:`~specgraft.heads.family.HeadFamily.train_step`, the post-training measurement from its
+``train_metrics``); distillation's step is :class:`specgraft.distill.trainer.DistillTrainStep`.
 """
 
 from __future__ import annotations
@@ -117,13 +117,14 @@ class HeadTrainStep:
         if not params:
             raise SpecgraftError(f"the {r.head.type} head has no trainable parameters; check the head recipe")
         groups: ParamGroups = [{"params": params, "lr": tr.learning_rate}]
-        if not r.lora.enabled:
+        family = get_family(r.head.type)
+        custom = family.train_step(head, target, r) if family.train_step is not None else None
+        if custom is None:
+            if r.lora.enabled:  # the recipe asks for an adapter that this family's training step does not train
+                raise SpecgraftError(f"lora (Medusa-2) is a Medusa training step; the {r.head.type} family does not "
+                                     "train an adapter: set lora.enabled=false")
             return HeadLossStep(head, target), groups
-        lora_step = get_family(r.head.type).hooks.get("lora_step")
-        if lora_step is None:
-            raise SpecgraftError(f"lora (Medusa-2) needs head.type medusa, got {r.head.type}; "
-                                 "set lora.enabled=false or head.type=medusa")
-        step, self.peft_model = lora_step(head, target, r.lora)
+        step, self.peft_model = custom
         lora_params = [p for p in self.peft_model.parameters() if p.requires_grad]
         groups.append({"params": lora_params, "lr": r.lora.adapter_learning_rate(tr.learning_rate)})
         return step, groups
@@ -150,9 +151,9 @@ class HeadTrainStep:
         """Head training has no periodic work between optimizer steps."""
 
     def finalize(self, trainer: RecipeTrainer) -> dict[str, Any]:
-        """The family's ``train_metrics`` hook (Medusa: each head's top-k accuracy, for its static tree) on
+        """The family's ``train_metrics`` (Medusa: each head's top-k accuracy, for its static tree) on
         ``training.train_metrics_batches`` held-out batches, or training rows when there is no eval split."""
-        hook = get_family(self.recipe.head.type).hooks.get("train_metrics")
+        hook = get_family(self.recipe.head.type).train_metrics
         if hook is None:
             return {}
         from specgraft.data.collate import pad_token_id

@@ -38,6 +38,7 @@ from specgraft.config import DistillRecipe, Recipe, save_recipe, to_dict
 from specgraft.data.collate import pad_token_id
 from specgraft.errors import SpecgraftError
 from specgraft.heads.base import RECIPE_NAME, DraftHead
+from specgraft.heads.registry import get_family
 from specgraft.target import Target, target_from_config
 from specgraft.train import checkpoint as ckpt
 from specgraft.train.step import HeadTrainStep, TrainStep
@@ -615,11 +616,9 @@ class RecipeTrainer:
             raise SpecgraftError("training.eval_every measures a draft head's tau; distillation measures its held-out "
                                  "alpha every distill.alpha_eval_every steps: set training.eval_every=0")
         head_type = self.recipe.head.type
-        from specgraft.heads.base import head_class
-        from specgraft.heads.registry import get_family
-
-        if (head_class(head_type).acceptance_ranks is DraftHead.acceptance_ranks
-                or "expected_accepted" not in get_family(head_type).hooks):
+        family = get_family(head_type)
+        if (family.head.acceptance_ranks is DraftHead.acceptance_ranks
+                or family.search is None or not family.search.simulates_acceptance):
             raise SpecgraftError(f"the {head_type} family does not measure held-out acceptance during training; set "
                                  "training.eval_every=0 and evaluate the result with `specgraft eval`")
         if self.eval_dataset is None or len(self.eval_dataset) == 0:

@@ -37,10 +37,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specgraft.decoding import kv
+from specgraft.decoding.decoder import SpeculativeDecoder
 from specgraft.decoding.drafter import DraftContext, Drafter
+from specgraft.decoding.drafters import DraftModelDrafter
+from specgraft.decoding.kv import model_device, text_config
 from specgraft.decoding.tree import DraftTree
 from specgraft.errors import SpecgraftError
 from specgraft.evaluation.settings import MAX_REPEATS
+from specgraft.heads.registry import draft_model_search, get_family
 from specgraft.kernels.exact_attention import apply_attention_kernel, attention_kernel_of, stock_kernels
 from specgraft.kernels.linear import apply_linear_kernel
 from specgraft.tuning.search import monotone
@@ -296,8 +301,6 @@ def _sync_fn(device: Any) -> Callable[[], None]:
 
 
 def _context_of(model: Any) -> int | None:
-    from specgraft.decoding.kv import text_config
-
     return getattr(text_config(model), "max_position_embeddings", None)
 
 
@@ -351,9 +354,6 @@ def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repea
     Each measurement of ``n`` tokens is paired with a plain step measured right before it (and the plain step with
     the reference forward), and medians of the ratios are kept: on a shared machine the load drifts, and pairing
     cancels it the way the eval's interleaved baseline does."""
-    from specgraft.decoding.decoder import SpeculativeDecoder
-    from specgraft.decoding.kv import model_device, text_config
-
     vocab = int(text_config(model).vocab_size)
     device = model_device(model)
     prompt = _random_prompt(vocab, kv_length)
@@ -435,8 +435,6 @@ class _Reference:
     def __init__(self, model: Any, kv_length: int, calls: int) -> None:
         import torch
 
-        from specgraft.decoding import kv
-
         self.model, self.kv_length, self.calls = model, kv_length, calls
         self.cache = kv.new_cache()
         vocab = int(kv.text_config(model).vocab_size)
@@ -449,8 +447,6 @@ class _Reference:
     def forward(self) -> None:
         """One untimed one-token target forward (the KV cache is cut back after it)."""
         import torch
-
-        from specgraft.decoding import kv
 
         with torch.no_grad():
             self.model(input_ids=self.ids[:, self.kv_length:], cache=self.cache, use_cache=True)
@@ -476,8 +472,6 @@ def measure_forwards(model: Any, kv_length: int, token_counts: Sequence[int], re
     """``{n: s}``: the bare target forward of n tokens on a kv_length cache."""
     import torch
 
-    from specgraft.decoding import kv
-
     vocab = int(kv.text_config(model).vocab_size)
     device = kv.model_device(model)
     sync = _sync_fn(device)
@@ -497,9 +491,6 @@ def measure_forwards(model: Any, kv_length: int, token_counts: Sequence[int], re
 def _draft_context(model: Any, prompt: list[int], needs: Sequence[int], full: bool) -> Any:
     """A DraftContext after ``prompt``: all hidden states (``full``) or only the last position's."""
     import torch
-
-    from specgraft.decoding import kv
-    from specgraft.decoding.drafter import DraftContext
 
     device = kv.model_device(model)
     ids = torch.tensor(prompt, dtype=torch.long, device=device)
@@ -526,8 +517,6 @@ def _time_propose(drafter: Any, model: Any, prompt: list[int], calls: int, ref: 
     drafter.reset()
     drafter.propose(_draft_context(model, prompt, needs, full=True))  # catch up on the whole prompt once
     ctx = _draft_context(model, prompt, needs, full=False)
-    from specgraft.decoding.kv import model_device
-
     def step() -> None:
         drafter.propose(ctx)
         drafter.accept([], 0)  # the eval's drafting time includes the verdict's bookkeeping
@@ -538,28 +527,21 @@ def _time_propose(drafter: Any, model: Any, prompt: list[int], calls: int, ref: 
 def measure_head(head: Any, head_type: str, model: Any, kv_length: int, calls: int,
                  ref: _Reference) -> dict[str, Any]:
     """A drafter section for a Medusa or EAGLE head (see the module docstring), in units of ``ref``."""
-    from specgraft.decoding.kv import text_config
-
     prompt = _random_prompt(int(text_config(model).vocab_size), kv_length)
 
     def timed(drafter: Any) -> float:
         return ref.relative(lambda: _time_propose(drafter, model, prompt, calls, ref))
 
-    from specgraft.heads.registry import get_family
-
-    hook = get_family(head_type).hooks.get("profile_drafter")
-    if hook is None:
+    search = get_family(head_type).search
+    if search is None:
         raise SpecgraftError(f"{head_type} heads have no tunable drafting settings to profile; evaluate them with "
                              "`specgraft eval` at their defaults")
-    # The family measures its own settings (Medusa: per heads and tree nodes; EAGLE: per depth and top-k; DFlash:
-    # one block forward per width).
-    return hook(head, timed)
+    # The family's search measures its own settings (Medusa: per heads and tree nodes; EAGLE: per depth and top-k;
+    # DFlash: one block forward per width).
+    return search.profile_drafter(head, timed)
 
 
 def measure_draft_model(draft: Any, model: Any, kv_length: int, calls: int, ref: _Reference) -> dict[str, Any]:
-    from specgraft.decoding.drafters import DraftModelDrafter
-    from specgraft.decoding.kv import text_config
-
     prompt = _random_prompt(int(text_config(model).vocab_size), kv_length)
     chain = {str(k): ref.relative(lambda k=k: _time_propose(DraftModelDrafter(draft, k=k), model, prompt, calls, ref))
              for k in DRAFT_MODEL_KS}
@@ -569,7 +551,7 @@ def measure_draft_model(draft: Any, model: Any, kv_length: int, calls: int, ref:
     unit = ref.time()
     catchup = {str(c): t / unit for c, t in monotone(measure_forwards(draft, kv_length, CATCHUP_TOKENS,
                                                                       calls)).items()}
-    return {"kind": "draft_model", "chain_s": chain, "catchup_s": catchup}
+    return {"kind": draft_model_search().kind, "chain_s": chain, "catchup_s": catchup}
 
 
 def check_measure_args(kv_length: int | None, repeats: int = DEFAULT_REPEATS) -> None:

@@ -40,6 +40,10 @@ from typing import Any
 from specgraft.decoding import metrics
 from specgraft.decoding.acceptance import reach_rates
 from specgraft.errors import SpecgraftError
+from specgraft.evaluation.report_reader import read_report
+from specgraft.heads.registry import search_for_drafter
+from specgraft.tuning.cost import CostProfile, check_profile
+from specgraft.tuning.tune import _profile_label, finish_candidate, kind_of, predict_setting
 from specgraft.utils.numbers import is_number
 
 MODES = ("chain", "tree")
@@ -224,8 +228,6 @@ def predict(
 def read_report_profile(path: str | Path, domain: str | None = None) -> dict[str, Any]:
     """The measured numbers of an eval report: ``profile``, ``alpha``, ``mode``, ``depth``, ``draft_cost``,
     ``verify_cost``, ``tau``, ``speedup`` (of ``overall``, or of ``domain``)."""
-    from specgraft.evaluation.report_reader import read_report
-
     report, file = read_report(path)  # sections typed, numbers finite and >= 0, rates <= 1
     if domain is None:
         values = report["overall"]
@@ -260,9 +262,6 @@ def read_report_profile(path: str | Path, domain: str | None = None) -> dict[str
 def predict_on_profile(report_path: Path, domain: str | None, profile_path: Path,
                        draft_length: int | None) -> dict[str, Any]:
     """Predict the report's setting (or a chain truncated to ``draft_length``) on a cost profile's device."""
-    from specgraft.tuning.cost import CostProfile, check_profile
-    from specgraft.tuning.tune import _profile_label, finish_candidate, kind_of, predict_setting
-
     measured = read_report_profile(report_path, domain)
     profile = CostProfile.load(profile_path)
     drafter = measured["drafter"]
@@ -273,21 +272,7 @@ def predict_on_profile(report_path: Path, domain: str | None, profile_path: Path
         raise SpecgraftError(f"--cost-profile predicts head and draft-model drafters, not {head_type!r}") from None
     mode = drafter.get("mode") or "chain"
     depth = int(draft_length or drafter.get("k") or drafter.get("depth") or len(measured["reach"] or []))
-    if kind == "medusa":
-        paths = (measured.get("statistics") or {}).get("static_tree_paths")
-        if not paths:
-            raise SpecgraftError(f"{report_path} lacks acceptance_statistics.static_tree_paths; re-run `specgraft "
-                                 "eval` with this version")
-        paths = [p for p in paths if len(p) <= depth]
-        setting = {"mode": mode, "paths": paths, "depth": depth, "tree_size": len(paths) + 1}
-    elif kind == "eagle":
-        setting = ({"mode": "chain", "depth": depth} if mode == "chain" else
-                   {"mode": "tree", "depth": depth, "top_k": drafter.get("top_k"),
-                    "total_tokens": drafter.get("tree_size")})
-    elif kind == "draft_model":
-        setting = {"mode": "chain", "k": depth}
-    else:  # a family's own search (DFlash): a chain of `depth` slots or `top_k` per slot
-        setting = {"mode": mode, "depth": depth, **({"top_k": drafter.get("top_k")} if mode == "tree" else {})}
+    setting = search_for_drafter(head_type).setting_from_report(drafter, measured.get("statistics"), depth, mode)
     for message in check_profile(profile, measured.get("target"), None):
         print(f"warning: {message}", file=sys.stderr)
     calibration = {"reach": measured["reach"] or [], "statistics": measured.get("statistics"),

@@ -10,12 +10,11 @@ statistics of a calibration eval (:mod:`specgraft.decoding.acceptance`; run now 
 given), picks the best, runs a confirming eval at the chosen and the default settings on the calibration prompts,
 and writes ``tuned.json`` beside the head (``specgraft eval`` then uses it unless a setting flag is given).
 
-Candidates and their predicted acceptance are each head family's own search, registered as hooks
-(:data:`SEARCH_HOOKS`): Medusa's static trees (:mod:`specgraft.heads.medusa.tune`), EAGLE / EAGLE-3's chains and
-dynamic trees (:mod:`specgraft.heads.eagle.tune`), DFlash's chains and per-slot trees
-(:mod:`specgraft.heads.dflash.tune`). Draft models are searched here: chains of ``k`` tokens,
-``E = sum_{d<=k} reach[d]`` from a chain calibration at the largest ``k`` (exact for greedy decoding). This module
-ranks, confirms and records them all alike.
+Candidates and their predicted acceptance come from a :class:`~specgraft.heads.family.TuningSearch`, found by its
+tuned.json kind in the registry (:func:`~specgraft.heads.registry.tuning_search`): each head family's own
+(``specgraft/heads/<family>/tune.py``: Medusa's static trees, EAGLE / EAGLE-3's chains and dynamic trees,
+DFlash's chains and per-slot trees) and the distilled draft model's chains (:mod:`specgraft.distill.tune`). This
+module ranks, confirms and records them all alike.
 """
 
 from __future__ import annotations
@@ -23,29 +22,42 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specgraft.decoding.acceptance import reach_rates
+from specgraft.distill.tune import (  # noqa: F401 (re-exported)
+    DRAFT_CALIBRATION_K,
+    DRAFT_MODEL_DEFAULT,
+    DRAFT_MODEL_KIND,
+    DRAFT_MODEL_SEARCH,
+    draft_model_cost,
+)
 from specgraft.errors import SpecgraftError
-from specgraft.evaluation.report_reader import check_report_for_head, read_report
+from specgraft.evaluation.report_reader import (  # noqa: F401 (re-exported: the tuned.json reader lives there)
+    PLAIN_SETTING,
+    TUNED_NAME,
+    check_report_for_head,
+    drafter_info,
+    is_plain,
+    read_report,
+    read_tuned,
+)
+from specgraft.heads.family import TuningSearch
+from specgraft.heads.registry import search_for_drafter, tuning_search
 from specgraft.kernels.exact_attention import apply_attention_kernel, attention_kernel_of
 from specgraft.kernels.linear import apply_linear_kernel
 from specgraft.tuning.cost import CostProfile, check_fits, check_profile
-from specgraft.tuning.search import MAX_TREE_TOKENS, section_table
+from specgraft.tuning.search import MAX_TREE_TOKENS
 from specgraft.tuning.settings import DEFAULT_MIN_SPEEDUP
-from specgraft.utils.io import atomic_write_json, output_lock, read_json_meta
-from specgraft.utils.numbers import check_number_tree
+from specgraft.utils.io import atomic_write_json, output_lock
 from specgraft.utils.outputs import writing_output
 
 logger = logging.getLogger(__name__)
 
-TUNED_NAME = "tuned.json"
 TUNED_VERSION = 1
-#: Depth of the chain calibration run of a draft model (every shorter chain is predicted exactly from it).
-DRAFT_CALIBRATION_K = 8
 #: Candidates listed in tuned.json and printed.
 TOP_CANDIDATES = 8
 #: A predicted best whose confirming eval measures a speedup more than this fraction below its prediction gets a
@@ -53,18 +65,8 @@ TOP_CANDIDATES = 8
 #: :func:`second_opinion`). Chains and trees are predicted by different parts of the model (EAGLE's dynamic trees
 #: as optimal static trees, for one), so one shape's miss says little about the other's.
 SECOND_OPINION_SHORTFALL = 0.15
-#: A draft model's default setting (what `specgraft eval` uses without flags or tuned.json; a head family's is its
-#: ``default_setting`` hook).
-DRAFT_MODEL_DEFAULT = {"mode": "chain", "k": 4}
 #: Fields a calibration report must have.
 CALIBRATION_FIELDS = ("steps", "depth_accepted")
-#: The hooks a head family's search registers (see :class:`specgraft.heads.registry.HeadFamily`).
-SEARCH_HOOKS = ("default_setting", "tune_candidates", "tune_predict", "setting_label", "same_setting")
-#: The setting that drafts nothing: plain decoding. ``specgraft tune`` stores it when no drafting setting is faster
-#: than plain decoding on the device (measured by the confirming evals, else predicted); ``specgraft eval`` then
-#: decodes plainly and the exports carry no tuned engine hints.
-PLAIN_SETTING: dict[str, Any] = {"mode": "plain"}
-
 
 @dataclass
 class Candidate:
@@ -90,11 +92,6 @@ class Candidate:
         return asdict(self)
 
 
-def is_plain(setting: Mapping[str, Any] | None) -> bool:
-    """Whether a (tuned) setting is plain decoding: draft nothing."""
-    return bool(setting) and setting.get("mode") == PLAIN_SETTING["mode"]
-
-
 def plain_candidate(plain_step_s: float, prefill_s_per_token: float = 0.0) -> Candidate:
     """Plain decoding as a candidate: one token per plain step (plus the prefill per token), speedup 1 by
     definition."""
@@ -103,33 +100,9 @@ def plain_candidate(plain_step_s: float, prefill_s_per_token: float = 0.0) -> Ca
 
 
 def kind_of(head_type: str) -> str:
-    """How a drafter is tuned: ``draft_model`` (searched here), or the tuned.json kind of the head family's own
-    search (its hooks: ``medusa``, ``eagle`` for EAGLE-1/2 and EAGLE-3 alike, ``dflash``)."""
-    if head_type == "draft_model":
-        return head_type
-    from specgraft.heads.registry import get_family
-
-    kind = get_family(head_type).tuning
-    if kind is None:
-        raise SpecgraftError(f"{head_type} heads have no tunable drafting settings; evaluate them with "
-                             "`specgraft eval` at their defaults or with setting flags")
-    return kind
-
-
-def family_search(kind: str) -> Mapping[str, Callable[..., Any]]:
-    """The hooks of the head family whose own search is the tuning kind ``kind`` (e.g. DFlash's)."""
-    from specgraft.heads.registry import family_names, get_family
-
-    for name in family_names():
-        family = get_family(name)
-        if family.tuning == kind:
-            missing = [hook for hook in SEARCH_HOOKS if hook not in family.hooks]
-            if missing:
-                raise SpecgraftError(f"the {name} head family declares tuning {kind!r} but registers no "
-                                     f"{', '.join(missing)} hook; register them or set tuning=None")
-            return family.hooks
-    raise SpecgraftError(f"no head family searches the tuning kind {kind!r}; re-run `specgraft tune` with this "
-                         "version")
+    """The tuned.json kind of a drafter type's search (``report.json``'s drafter type: a head family's, whose
+    kind EAGLE-1/2 and EAGLE-3 share, or the draft model's); one error line for a family that is not tunable."""
+    return search_for_drafter(head_type).kind
 
 
 def finish_candidate(c: Candidate, plain_step_s: float, overhead_s: float | None = None,
@@ -209,33 +182,11 @@ def step_overhead(measured: Mapping[str, Any], predicted: Candidate, profile: Co
     return max(0.0, step - predicted.draft_s - expected)
 
 
-def draft_model_cost(drafter: dict[str, Any], k: int, expected_accepted: float) -> float:
-    """A draft-model step: the profile's k-token chain (one-token catch-up) plus catching up on the expected
-    accepted tokens and the bonus instead of one (when the profile measured catch-up costs)."""
-    draft = section_table(drafter, "chain_s")[str(k)]
-    catchup = {int(c): float(s) for c, s in (drafter.get("catchup_s") or {}).items()}
-    if catchup:
-        tokens = min(max(catchup), max(1.0, 1.0 + expected_accepted))
-        low = int(tokens)
-        high = min(low + 1, max(catchup))
-        value = catchup[low] + (catchup[high] - catchup[low]) * (tokens - low)
-        draft += value - catchup[1]
-    return draft
-
-
 def draft_model_candidates(profile: CostProfile, drafter: dict[str, Any], reach: Sequence[float]) -> list[Candidate]:
-    """Chains of k draft tokens (greedy: exact expected acceptance from a longer chain's reach rates)."""
-    chain_s = section_table(drafter, "chain_s")
-    out = []
-    for key in sorted(chain_s, key=int):
-        k = int(key)
-        if k > len(reach) or k + 1 > max(profile.step_s["chain"]):
-            continue
-        accepted = float(sum(reach[:k]))
-        draft = draft_model_cost(drafter, k, accepted)
-        out.append(finish_candidate(Candidate({"mode": "chain", "k": k}, accepted, draft,
-                                              **profile.step_prediction(k + 1, tree=False)), profile.plain_step_s))
-    return out
+    """A draft model's chains of k tokens predicted from a longer chain's reach rates (greedy: exact), finished
+    without calibrated charges (:class:`specgraft.distill.tune.DraftModelSearch`)."""
+    predictions = DRAFT_MODEL_SEARCH.candidates(profile, drafter, {"reach": list(reach), "drafter": {"mode": "chain"}})
+    return [finish_candidate(Candidate(**p), profile.plain_step_s) for p in predictions]
 
 
 def rank_and_pick(candidates: list[Candidate]) -> list[Candidate]:
@@ -293,63 +244,24 @@ def _with_prior(calibration: dict[str, Any], prior: Sequence[Sequence[float]] | 
 
 def _raw_candidates(kind: str, profile: CostProfile, drafter_costs: dict[str, Any], calibration: dict[str, Any],
                     prior: Sequence[Sequence[float]] | None) -> list[Candidate]:
-    if kind == "draft_model":
-        if (calibration["drafter"].get("mode") or "chain") != "chain":
-            raise SpecgraftError("tuning a draft model needs a chain calibration run (its reach rates predict every "
-                                 "shorter chain); calibrate with --mode chain")
-        return draft_model_candidates(profile, drafter_costs, calibration["reach"])
-    predictions = family_search(kind)["tune_candidates"](profile, drafter_costs, _with_prior(calibration, prior))
+    predictions = tuning_search(kind).candidates(profile, drafter_costs, _with_prior(calibration, prior))
     return [Candidate(**p) for p in predictions]  # finished (speed, overhead) by candidates_for
 
 
 def predict_setting(kind: str, setting: dict[str, Any], profile: CostProfile, drafter_costs: dict[str, Any],
                     calibration: dict[str, Any], prior: Sequence[Sequence[float]] | None = None) -> Candidate:
     """The prediction for one given setting (e.g. the default) with the same model as the candidates (charged the
-    calibration's ``step_overhead_s`` too): a head family's ``tune_predict`` hook (Medusa settings need ``paths``,
-    the tree), draft-model chains from the reach rates."""
-    if kind == "draft_model":
-        k = int(setting["k"])
-        if k > len(calibration["reach"]):
-            raise SpecgraftError(f"the calibration chain reached depth {len(calibration['reach'])}; it cannot "
-                                 f"predict k={k}")
-        accepted = float(sum(calibration["reach"][:k]))
-        candidate = Candidate(dict(setting), accepted, draft_model_cost(drafter_costs, k, accepted),
-                              **profile.step_prediction(k + 1, tree=False))
-    else:
-        candidate = Candidate(**family_search(kind)["tune_predict"](setting, profile, drafter_costs,
-                                                                    _with_prior(calibration, prior)))
+    calibration's ``step_overhead_s`` too): the search's :meth:`~specgraft.heads.family.TuningSearch.predict`
+    (Medusa settings need ``paths``, the tree; draft-model chains come from the reach rates)."""
+    candidate = Candidate(**tuning_search(kind).predict(setting, profile, drafter_costs,
+                                                        _with_prior(calibration, prior)))
     return finish_candidate(candidate, profile.plain_step_s, *_charges(calibration))
 
 
 def same_setting(kind: str, a: dict[str, Any], b: dict[str, Any]) -> bool:
     if is_plain(a) or is_plain(b):
         return is_plain(a) and is_plain(b)
-    if kind == "draft_model":
-        return all(a.get(k) == b.get(k) for k in ("mode", "k"))
-    return bool(family_search(kind)["same_setting"](a, b))
-
-
-# -- tuned.json ----------------------------------------------------------------------------------------------------
-def read_tuned(folder: str | Path) -> dict[str, Any] | None:
-    """The tuned setting stored in a head or draft folder (None when it was never tuned)."""
-    file = Path(folder) / TUNED_NAME
-    if not file.is_file():
-        return None
-    fix = f"re-run `specgraft tune --overwrite` for {folder}"
-    record = read_json_meta(file, ("kind", "setting", "device"), fix)  # NaN/Infinity literals refused
-    # The schema, checked here: the setting drives eval and the exported engine configs, the rest the card.
-    if not isinstance(record["kind"], str):
-        raise SpecgraftError(f"{file}: kind is {record['kind']!r}, not a name; {fix}")
-    for key in ("setting", "device"):
-        if not isinstance(record[key], dict):
-            raise SpecgraftError(f"{file}: {key} is {type(record[key]).__name__}, not an object; {fix}")
-    for key, value in record["setting"].items():
-        if not isinstance(value, str):
-            check_number_tree(value, f"{file}: setting.{key}", fix, high=MAX_TREE_TOKENS)
-    for key in ("predicted", "measured", "default", "candidates"):
-        if record.get(key) is not None and not isinstance(record[key], (dict, list)):
-            raise SpecgraftError(f"{file}: {key} is {type(record[key]).__name__}, not an object; {fix}")
-    return record
+    return bool(tuning_search(kind).same_setting(a, b))
 
 
 @dataclass
@@ -482,36 +394,16 @@ def second_opinion(candidates: Sequence[Candidate], measured_best: Mapping[str, 
 
 # -- the command ---------------------------------------------------------------------------------------------------
 def drafter_for(kind: str, head_or_draft: Any, setting: dict[str, Any]) -> Any:
-    """A drafter at ``setting``: a head's through its family's registered drafter, else a draft model's (None for
-    plain decoding)."""
+    """A drafter at ``setting``, built by the kind's search (None for plain decoding)."""
     if is_plain(setting):
         return None
-    if kind == "draft_model":
-        from specgraft.decoding.drafters import DraftModelDrafter
-
-        return DraftModelDrafter(head_or_draft, k=int(setting["k"]))
-    from specgraft.heads.registry import family_of
-
-    return family_of(head_or_draft).drafter(head_or_draft, setting)
+    return tuning_search(kind).drafter(head_or_draft, setting)
 
 
 def setting_label(kind: str, setting: dict[str, Any]) -> str:
     if is_plain(setting):
         return "plain decoding (no drafting)"
-    if kind == "draft_model":
-        return f"chain of k={setting['k']}"
-    return str(family_search(kind)["setting_label"](setting))
-
-
-def drafter_info(kind: str, head_type: str, path: str, setting: dict[str, Any], source: str) -> dict[str, Any]:
-    """What report.json records under ``drafter`` for a tuned/default setting."""
-    info: dict[str, Any] = {"type": head_type, "path": path, "mode": setting.get("mode"), "setting_source": source}
-    for key in ("k", "depth", "top_k", "total_tokens", "tree_size"):
-        if key in setting:
-            info[key] = setting[key]
-    if "paths" in setting:  # a static tree (Medusa): eval's k is its depth
-        info["k"] = setting["depth"]
-    return info
+    return str(tuning_search(kind).label(setting))
 
 
 def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir: Path, prompts: Sequence[Any],
@@ -535,28 +427,20 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
                              attention_kernel=attention_kernel_of(target.model))
     for message in warnings:
         logger.warning("%s", message)
-    default_setting = dict(DRAFT_MODEL_DEFAULT)
-    hooks: Mapping[str, Callable[..., Any]] = {}
-    if kind != "draft_model":
-        hooks = family_search(kind)
-        # The family's untuned setting as it drafts it (Medusa: the tree built from the head's stored accuracies).
-        default_setting = hooks["default_setting"](drafter_source)
+    search: TuningSearch = tuning_search(kind)
+    # The untuned setting as the drafter drafts it (Medusa: the tree built from the head's stored accuracies).
+    default_setting = search.default_setting(drafter_source)
     if calibration is None:
-        if kind == "draft_model":
-            calib_setting = {"mode": "chain", "k": DRAFT_CALIBRATION_K}
-        elif "calibration_setting" in hooks:
-            # A family whose one wider calibration run predicts every candidate (DFlash: the widest tree).
-            calib_setting = hooks["calibration_setting"](drafter_source)
-        else:
-            calib_setting = default_setting
-        logger.info("calibration eval of %s at %s", kind, setting_label(kind, calib_setting) if kind != "medusa"
-                    else "the default tree")
+        # The search's one calibration run that predicts every candidate (DFlash: the widest tree; a draft model:
+        # its longest chain; else the default setting).
+        calib_setting = search.calibration_setting(drafter_source)
+        logger.info("calibration eval of %s at %s", kind, search.calibration_label(calib_setting))
         report = run_eval(target, drafter_for(kind, drafter_source, calib_setting), prompts, out_dir / "calibration",
                           settings=settings, progress=progress,
                           drafter_info=drafter_info(kind, head_type, str(source_dir), calib_setting, "calibration"))
         calibration = (report, str(out_dir / "calibration" / "report.json"))
         # Heads calibrate at their default setting unless their family calibrates wider.
-        calibration_is_default = kind != "draft_model" and same_setting(kind, calib_setting, default_setting)
+        calibration_is_default = same_setting(kind, calib_setting, default_setting)
         calibrated_at: dict[str, Any] | None = calib_setting
     else:
         # A given report: its setting is known to the model when it is the default's (else nothing is charged).
@@ -646,7 +530,7 @@ def _profile_label(profile: CostProfile, kind: str, source_dir: Path) -> str:
     """The profile's drafter section for this head/draft: by path, else the only one of the same kind."""
     if str(source_dir) in profile.drafters:
         return str(source_dir)
-    same = [label for label, s in profile.drafters.items() if kind_of(str(s.get("kind"))) == kind]
+    same = [label for label, s in profile.drafters.items() if str(s.get("kind")) == kind]
     if len(same) == 1:
         return same[0]
     raise SpecgraftError(f"the cost profile has no measurement of {source_dir} (it has: "
@@ -657,11 +541,7 @@ def _profile_label(profile: CostProfile, kind: str, source_dir: Path) -> str:
 def is_default_run(kind: str, report: dict[str, Any], source: Any = None) -> bool:
     """Whether an eval report was measured at the drafter's default setting (then it doubles as the default's
     confirming measurement); ``source``: the head, for a family's own search."""
-    if kind == "draft_model":
-        drafter = report.get("drafter") or {}
-        return drafter.get("mode") == "chain" and drafter.get("k") == DRAFT_MODEL_DEFAULT["k"]
-    hook = family_search(kind).get("is_default_run")
-    return bool(hook(report, source)) if hook is not None else False
+    return bool(tuning_search(kind).is_default_run(report, source))
 
 
 def default_kv_length(prompt_lengths: Sequence[int], max_new_tokens: int) -> int:
@@ -703,7 +583,7 @@ def _run(args: argparse.Namespace, source_dir: Path, tuned_file: Path) -> int:
 
             measured_type = read_head_config(args.head)["head_type"]
         else:
-            measured_type = "draft_model"
+            measured_type = DRAFT_MODEL_KIND
         for message in check_report_for_head(report, file, measured_type, source_dir):
             logger.warning("%s", message)
         calibration = (report, str(file))
@@ -720,15 +600,11 @@ def _run(args: argparse.Namespace, source_dir: Path, tuned_file: Path) -> int:
         target = source.target  # the head's own (Medusa-2: with its adapter merged)
         head_type = source.head_type
         kind = kind_of(head_type)
-        from specgraft.heads.registry import family_of
-
-        prior_hook = family_of(source).hooks.get("tuning_prior")
-        if prior_hook is not None:
-            prior = prior_hook(source)
+        prior = tuning_search(kind).prior(source)
         heads, drafts = [(str(args.head), source, head_type)], []
     else:
         source = load_draft_model(str(args.draft), target, dtype, device)[0]
-        head_type, kind = "draft_model", "draft_model"
+        head_type = kind = DRAFT_MODEL_KIND
         heads, drafts = [], [(str(args.draft), source)]
     apply_attention_kernel(args.attention_kernel, target.model)
     kernel = apply_linear_kernel(args.linear_kernel, device, dtype, target.model, source)

@@ -1,6 +1,6 @@
 """The torch-free copies that `specgraft export --help` reads agree with what the families register."""
 
-from specgraft.export.layouts import supported_formats
+from specgraft.export.formats import supported_formats
 from specgraft.export.options import FORMATS, FORMATS_PER_FAMILY
 
 

@@ -1,10 +1,11 @@
-"""A new head family is one module plus one ``register_head`` call: this test module defines a toy family (a
-single vocabulary projection that predicts the token two positions ahead, drafting a chain of one), registers it,
-and trains, evaluates (losslessly) and exports it through the CLI without touching any package file.
+"""A new head family is one folder declaring one :class:`HeadFamily`: this test module plays that folder for a toy
+family (a single vocabulary projection that predicts the token two positions ahead, drafting a chain of one),
+registers its ``FAMILY``, and trains, evaluates (losslessly) and exports it through the CLI without touching any
+package file.
 
-What a family needs (the list CONTRIBUTING.md walks through): a config dataclass (``type`` class attribute,
-``check_recipe``, ``resolve``, ``validate``), a :class:`DraftHead` subclass, a drafter with its three setting
-functions, and optionally engine exporters and card text.
+What a family declares (the list CONTRIBUTING.md walks through): a config dataclass (``type`` class attribute,
+``check_recipe``, ``resolve``, ``validate``), a :class:`DraftHead` subclass, a drafter with its setting functions,
+and optionally a tuning search, engine exporters and card text.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from specgraft.decoding.drafter import DraftContext, Drafter
 from specgraft.decoding.tree import DraftTree
 from specgraft.errors import SpecgraftError
 from specgraft.export import load_export
-from specgraft.export.convert import EngineCheckpoint
+from specgraft.export.engine import EngineCheckpoint
 from specgraft.export.layouts import Dims, TensorRule
-from specgraft.heads.base import DraftHead, HeadLoss, load_head
+from specgraft.heads.base import load_head
+from specgraft.heads.family import EngineExporter, HeadFamily
+from specgraft.heads.head import DraftHead, HeadLoss
 from specgraft.heads.losses import masked_cross_entropy
-from specgraft.heads.registry import EngineExporter, get_family, register_head, unregister_head
+from specgraft.heads.registry import builtin_family_modules, get_family, register_head, unregister_head
 from specgraft.target import Target, TargetOutput, load_target
 from specgraft.testing import TINY_CORPUS_TEXT, recipe_writer, tiny_model, tiny_tokenizer
 
@@ -127,25 +130,27 @@ def _setting(*, mode: str | None = None, k: int | None = None, tree_size: int | 
     return {"mode": "chain"}
 
 
+#: What the toy folder's ``__init__.py`` would declare.
+FAMILY = HeadFamily(
+    name=NAME, config=ToyConfig, head=ToyHead, drafter=lambda head, setting: ToyDrafter(head),
+    setting_from_flags=_setting, describe_drafter=lambda drafter: {"k": 1, "tree_size": 2},
+    exporters={"vllm": EngineExporter("model.safetensors", (TensorRule("skip_head.weight", ("vocab", "hidden")),),
+                                      toy_to_engine, toy_from_engine, ("hidden_size", "vocab_size"))},
+    description="toy: one projection, a chain of one")
+
+
 @pytest.fixture
 def toy_family():
-    family = register_head(
-        NAME, config=ToyConfig, head=ToyHead, drafter=lambda head, setting: ToyDrafter(head),
-        setting_from_flags=_setting, describe_drafter=lambda drafter: {"k": 1, "tree_size": 2},
-        exporters={"vllm": EngineExporter("model.safetensors", (TensorRule("skip_head.weight", ("vocab", "hidden")),),
-                                          toy_to_engine, toy_from_engine, ("hidden_size", "vocab_size"))},
-        description="toy: one projection, a chain of one")
+    family = register_head(FAMILY)
     yield family
     unregister_head(NAME)
 
 
 def test_a_taken_name_is_refused(toy_family):
     with pytest.raises(SpecgraftError, match=f"a head family named '{NAME}' is already registered"):
-        register_head(NAME, config=ToyConfig, head=ToyHead, drafter=ToyDrafter, setting_from_flags=_setting,
-                      describe_drafter=dict)
+        register_head(dataclasses.replace(FAMILY, drafter=ToyDrafter, describe_drafter=dict))
     with pytest.raises(SpecgraftError, match="already registered"):
-        register_head("medusa", config=ToyConfig, head=ToyHead, drafter=ToyDrafter, setting_from_flags=_setting,
-                      describe_drafter=dict)
+        register_head(dataclasses.replace(FAMILY, name=get_family("medusa").name))
     assert get_family(NAME) is toy_family and toy_family.formats == ("vllm", "native")
 
 
@@ -200,15 +205,28 @@ def test_toy_family_trains_evaluates_and_exports_through_the_cli(toy_family, tmp
 
 
 def test_files_a_new_family_needs() -> None:
-    """The built-in families follow the same shape: one folder, registered in its __init__.py."""
+    """The built-in families follow the same shape: one folder each, found by scanning ``specgraft/heads``, whose
+    ``__init__.py`` declares its ``FAMILY`` (no registration call, no list of names elsewhere), with the same files;
+    EAGLE-3 drafts and tunes with EAGLE's drafter and search, imported."""
     import specgraft.heads as heads
 
     root = Path(heads.__file__).parent
-    for name in ("medusa", "eagle", "eagle3"):
+    found = {module.rsplit(".", 1)[1] for module in builtin_family_modules()}
+    assert found == {p.parent.name for p in root.glob("*/__init__.py")}
+    assert {"medusa", "eagle", "eagle3", "dflash"} <= found
+    for name in found:
         folder = root / name
-        assert (folder / "__init__.py").read_text().count("register_head(") == 1
-        assert {"config.py", "model.py", "export.py"} <= {p.name for p in folder.glob("*.py")}
+        init = (folder / "__init__.py").read_text()
+        assert init.count("FAMILY = HeadFamily(") == 1 and "registry" not in init
         family = get_family(name)
-        assert family.head.__module__ == f"specgraft.heads.{name}.model"
-        assert family.config.__module__ == f"specgraft.heads.{name}.config"
-
+        for member, file in (("head", "model"), ("config", "config"), ("drafter", "drafter"), ("search", "tune"),
+                             ("exporters", "export")):
+            value = getattr(family, member)
+            module = (type(value) if member == "search" else next(iter(value.values())).to_engine
+                      if member == "exporters" else value).__module__
+            owner = module.split(".")[2]
+            assert module.endswith(f".{file}"), (name, member, module)
+            # A family's member lives in its own folder's file of that name, or is another family's, imported.
+            assert owner == name or (folder / f"{file}.py").exists() is False, (name, member, module)
+            if owner == name:
+                assert (folder / f"{file}.py").is_file()

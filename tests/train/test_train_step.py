@@ -69,7 +69,7 @@ def test_train_metrics_reads_the_configured_number_of_batches(tmp_path, monkeypa
         seen.update(max_batches=max_batches, measured_on=measured_on, rows=sum(len(b["input_ids"]) for b in batches))
         return {"measured": True}
 
-    monkeypatch.setitem(get_family("medusa").hooks, "train_metrics", fake_metrics)
+    monkeypatch.setattr(get_family("medusa"), "train_metrics", fake_metrics)
     target = Target(tiny_model("llama"), tiny_tokenizer())
     ds = datasets.Dataset.from_dict({"input_ids": [[1, 5, 6, 7]] * 5, "loss_mask": [[0, 1, 1, 1]] * 5})
     recipe = Recipe(model=ModelConfig("tiny"), data=DataConfig("unused"), output=OutputConfig(str(tmp_path / "o")),

@@ -1,24 +1,26 @@
 """DFlash (block-parallel drafting, arXiv 2602.06036): one non-causal draft forward proposes a whole block.
 
+The family's files (the layout every family shares, ``docs/adding-a-head-family.md``):
+
 * :mod:`.config`: :class:`~.config.DFlashConfig` (the recipe's ``head:`` section, ``type: dflash``).
-* :mod:`.losses`: anchor sampling, the block attention mask, the position weights and the loss (pure functions).
 * :mod:`.model`: :class:`~.model.DFlashHead` (head type ``dflash``) and its block forward.
 * :mod:`.drafter`: :class:`~.drafter.DFlashDrafter` for the speculative decoder (one draft forward per step).
-* :mod:`.export`: the speculators / vLLM DFlash layout (config keys, tensor names, round trip).
-* :mod:`.tune`: the `specgraft tune` search (chain length, per-slot top-k trees) and its cost-profile section.
+* :mod:`.tune`: :class:`~.tune.DFlashSearch`, the `specgraft tune` search (chain length, per-slot top-k trees)
+  and its cost-profile section.
+* :mod:`.export`: the speculators / vLLM and SGLang DFlash layouts (config keys, tensor names, round trip).
+* DFlash's own :mod:`.losses`: anchor sampling, the block attention mask, the position weights and the loss.
 
-This file registers the family.
+This file declares the family.
 """
 
 from specgraft.heads.dflash import drafter, export, tune
 from specgraft.heads.dflash.config import DFlashConfig
 from specgraft.heads.dflash.model import DFlashHead
-from specgraft.heads.registry import register_head
+from specgraft.heads.family import HeadFamily
 
-register_head(
-    "dflash", config=DFlashConfig, head=DFlashHead, drafter=drafter.drafter_from_setting,
-    setting_from_flags=drafter.setting_from_flags, describe_drafter=drafter.describe_drafter,
-    exporters=export.EXPORTERS, card=export.CARD, tuning="dflash",
-    description="DFlash block drafter (one forward drafts block_size - 1 tokens)",
-    hooks={**tune.HOOKS, "apply_tuned": export.apply_tuned},
+FAMILY = HeadFamily(
+    name="dflash", config=DFlashConfig, head=DFlashHead, drafter=drafter.drafter_from_setting,
+    setting_from_flags=drafter.setting_from_flags, describe_drafter=drafter.describe_drafter, search=tune.SEARCH,
+    exporters=export.EXPORTERS, apply_tuned=export.apply_tuned, card=export.CARD,
+    description="DFlash block drafter (one forward drafts block_size - 1 tokens)", listing_order=3,
 )

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from specgraft.errors import SpecgraftError
 from specgraft.heads.draft_vocab import check_draft_vocab_size
 from specgraft.target import Target
+from specgraft.utils.checks import MAX_LAYER_INDEX, check_choice, check_range
 
 #: The smallest block: the anchor plus one predicted token.
 MIN_BLOCK_SIZE = 2
@@ -86,8 +87,6 @@ class DFlashConfig:
 
     def check_recipe(self, path: str) -> None:
         """The fields a recipe sets, before the target-dependent defaults (aux_layer_ids, mask_token_id) exist."""
-        from specgraft.config import MAX_LAYER_INDEX, check_choice, check_range
-
         for name, low in (("block_size", MIN_BLOCK_SIZE), ("num_layers", 1), ("max_anchors", 1),
                           ("draft_vocab_size", 0)):
             check_range(f"{path}.{name}", getattr(self, name), low, None)

@@ -60,10 +60,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specgraft.errors import SpecgraftError
-from specgraft.export.convert import engine_layer_ids
+from specgraft.export.engine import EngineCheckpoint, engine_layer_ids
+from specgraft.export.layouts import Dims
 from specgraft.heads.dflash.config import DFlashConfig
 from specgraft.heads.dflash.model import DFlashHead
-from specgraft.heads.registry import CardText, EngineExporter
+from specgraft.heads.family import CardText, EngineExporter
 from specgraft.target import Target
 from specgraft.utils.io import atomic_path, read_json_meta
 
@@ -355,13 +356,10 @@ def _info_scales_embeddings(info: Any) -> bool:
 
 
 def to_engine(fmt: str, state: Mapping[str, torch.Tensor], cfg: Mapping[str, Any], info: Any, base_model: str,
-              speculative_tokens: int) -> Any:
+              speculative_tokens: int) -> EngineCheckpoint:
     """The speculators / vLLM layout (:func:`speculators_config`) or SGLang's (:func:`sglang_config`) of a head
     state dict: the same tensors (a rename-free copy), checked against the engine's exact names
     (:func:`expected_speculators_names` / :func:`expected_sglang_names`) with the head's shapes."""
-    from specgraft.export.convert import EngineCheckpoint
-    from specgraft.export.layouts import Dims
-
     engine = _ENGINE_NAMES[fmt]
     skeleton = DFlashHead(DFlashConfig(**cfg), info.skeleton)  # meta device: sizes and names only
     _refuse_unservable(skeleton.config.aux_layer_ids, info.skeleton.num_layers, _info_scales_embeddings(info),

@@ -35,7 +35,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgraft.errors import SpecgraftError
-from specgraft.heads.base import DraftHead, HeadLoss
 from specgraft.heads.dflash.config import DFlashConfig, resolve_dflash_config
 from specgraft.heads.dflash.losses import (
     additive_mask,
@@ -47,6 +46,7 @@ from specgraft.heads.dflash.losses import (
     select_anchors,
 )
 from specgraft.heads.draft_vocab import build_draft_vocab, draft_to_target_ids, vocab_coverage
+from specgraft.heads.head import DraftHead, HeadLoss
 from specgraft.heads.layers import RotaryPositions, build_decoder_layer, cpu_flash_with_lse, draft_layer_config
 from specgraft.heads.losses import divide_by_count, linear_cross_entropy
 from specgraft.target import Target, TargetOutput

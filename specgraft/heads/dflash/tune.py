@@ -28,15 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 from specgraft.decoding.acceptance import calibration_probabilities, tree_value
 from specgraft.errors import SpecgraftError
-from specgraft.heads.dflash.drafter import DFlashDrafter
+from specgraft.heads.dflash.drafter import DFlashDrafter, drafter_from_setting
 from specgraft.heads.dflash.model import DFlashHead
+from specgraft.heads.family import Prediction, TuningSearch
 
 if TYPE_CHECKING:  # annotations only: a family uses eval's public protocol, the tuner passes the profile in
     from specgraft.tuning.cost import CostProfile
 
-#: A predicted setting as the tuner takes it: ``setting``, ``expected_accepted``, ``draft_s`` and the step fields
-#: of :meth:`~specgraft.tuning.cost.CostProfile.step_prediction`.
-Prediction = dict[str, Any]
 
 #: Tree widths (siblings per slot) whose draft forward ``specgraft profile`` measures; the widest is calibrated.
 PROFILED_TOP_KS = (2, 3, 4)
@@ -158,8 +156,42 @@ def is_default_run(report: Mapping[str, Any], head: DFlashHead) -> bool:
     return drafter.get("mode") == "chain" and drafter.get("k", drafter.get("depth")) == _slots(head)
 
 
-#: The registry hooks of this search (see :mod:`specgraft.heads.registry`).
-HOOKS = {"default_setting": default_setting, "calibration_setting": calibration_setting,
-         "profile_drafter": profile_drafter, "tune_candidates": candidates, "tune_predict": predict,
-         "setting_label": setting_label, "same_setting": same_setting, "is_default_run": is_default_run,
-         "expected_accepted": expected_accepted}
+class DFlashSearch(TuningSearch):
+    """DFlash's chains and per-slot top-k trees, calibrated once at the widest profiled tree."""
+
+    kind = "dflash"
+
+    def default_setting(self, source: DFlashHead) -> dict[str, Any]:
+        return default_setting(source)
+
+    def calibration_setting(self, source: DFlashHead) -> dict[str, Any]:
+        return calibration_setting(source)
+
+    def drafter(self, source: DFlashHead, setting: Mapping[str, Any]) -> Any:
+        return drafter_from_setting(source, setting)
+
+    def profile_drafter(self, source: DFlashHead, timed: Callable[[Any], float]) -> dict[str, Any]:
+        return profile_drafter(source, timed)
+
+    def candidates(self, profile: Any, costs: Mapping[str, Any], calibration: Mapping[str, Any]) -> list[Prediction]:
+        return candidates(profile, costs, calibration)
+
+    def predict(self, setting: Mapping[str, Any], profile: Any, costs: Mapping[str, Any],
+                calibration: Mapping[str, Any]) -> Prediction:
+        return predict(setting, profile, costs, calibration)
+
+    def label(self, setting: Mapping[str, Any]) -> str:
+        return setting_label(setting)
+
+    def same_setting(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+        return same_setting(a, b)
+
+    def is_default_run(self, report: Mapping[str, Any], source: DFlashHead) -> bool:
+        return is_default_run(report, source)
+
+    def expected_accepted(self, setting: Mapping[str, Any], probs: list[list[float]]) -> float:
+        return expected_accepted(setting, probs)
+
+
+#: The family's search (its ``FAMILY.search``).
+SEARCH = DFlashSearch()

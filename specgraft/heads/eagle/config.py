@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from specgraft.config import check_positive, check_range
 from specgraft.errors import SpecgraftError
+from specgraft.utils.checks import check_positive, check_range
 
 
 @dataclass

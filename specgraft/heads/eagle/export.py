@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from specgraft.export.convert import (
+from specgraft.export.engine import (
     BIAS_FORMATS,
     EngineCheckpoint,
     SourceState,
@@ -26,7 +26,7 @@ from specgraft.export.convert import (
 )
 from specgraft.export.layouts import TensorRule, llama_layer
 from specgraft.export.target_info import TargetInfo, llama_draft_config
-from specgraft.heads.registry import CardText, EngineExporter
+from specgraft.heads.family import CardText, EngineExporter
 
 VLLM_LAYOUT = (
     TensorRule("fc.weight", ("hidden", "2*hidden")),
@@ -100,4 +100,5 @@ EXPORTERS = {
     "vllm": EngineExporter("model.safetensors", VLLM_LAYOUT, to_engine, from_engine),
     "sglang": EngineExporter("model.safetensors", SGLANG_LAYOUT, to_engine, from_engine),
 }
-CARD = CardText(title="EAGLE-1/2", describe=describe, vllm_method="eagle", sglang_algorithm="EAGLE")
+CARD = CardText(title="EAGLE-1/2", describe=describe, vllm_method="eagle", vllm_path_marker=("eagle-", "-eagle-1"),
+                sglang_algorithm="EAGLE")

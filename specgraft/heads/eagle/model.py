@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgraft.heads.base import DraftHead, HeadLoss
 from specgraft.heads.eagle.config import EagleConfig
+from specgraft.heads.head import DraftHead, HeadLoss
 from specgraft.heads.layers import (
     EAGLE_ATTENTION,
     RotaryPositions,

@@ -24,15 +24,13 @@ from typing import TYPE_CHECKING, Any
 from specgraft.decoding.acceptance import calibration_probabilities, optimal_tree, tree_value
 from specgraft.errors import SpecgraftError
 from specgraft.heads.eagle.drafter import EagleDrafter, drafter_from_setting
+from specgraft.heads.family import Prediction, TuningSearch
 from specgraft.tuning.search import max_verified_tokens, monotone, section_table
 
 if TYPE_CHECKING:  # annotations only: the tuner passes the profile in
     from specgraft.heads.eagle.model import EagleHeadBase
     from specgraft.tuning.cost import CostProfile
 
-#: A predicted setting as the tuner takes it: ``setting``, ``expected_accepted``, ``draft_s`` and the step fields
-#: of :meth:`~specgraft.tuning.cost.CostProfile.step_prediction`.
-Prediction = dict[str, Any]
 
 #: Draft depths and tree widths whose propose call ``specgraft profile`` times.
 PROFILED_DEPTHS = (1, 2, 3, 4, 5, 6)
@@ -177,7 +175,55 @@ def is_default_run(report: Mapping[str, Any], head: EagleHeadBase) -> bool:
     return tree is not None and all(tree[key] == default[key] for key in tree)
 
 
-#: The registry hooks of this search (EAGLE-1/2 and EAGLE-3 alike; see :mod:`specgraft.heads.registry`).
-HOOKS = {"default_setting": default_setting, "profile_drafter": profile_drafter, "tune_candidates": candidates,
-         "tune_predict": predict, "setting_label": setting_label, "same_setting": same_setting,
-         "is_default_run": is_default_run, "expected_accepted": expected_accepted}
+class EagleSearch(TuningSearch):
+    """EAGLE-1/2 and EAGLE-3's chains and dynamic trees (one search, one tuned.json kind, for both families)."""
+
+    kind = "eagle"
+
+    def default_setting(self, source: EagleHeadBase) -> dict[str, Any]:
+        return default_setting(source)
+
+    def drafter(self, source: EagleHeadBase, setting: Mapping[str, Any]) -> Any:
+        return drafter_from_setting(source, setting)
+
+    def profile_drafter(self, source: EagleHeadBase, timed: Callable[[Any], float]) -> dict[str, Any]:
+        return profile_drafter(source, timed)
+
+    def candidates(self, profile: Any, costs: Mapping[str, Any], calibration: Mapping[str, Any]) -> list[Prediction]:
+        return candidates(profile, costs, calibration)
+
+    def predict(self, setting: Mapping[str, Any], profile: Any, costs: Mapping[str, Any],
+                calibration: Mapping[str, Any]) -> Prediction:
+        return predict(setting, profile, costs, calibration)
+
+    def label(self, setting: Mapping[str, Any]) -> str:
+        return setting_label(setting)
+
+    def same_setting(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+        return same_setting(a, b)
+
+    def is_default_run(self, report: Mapping[str, Any], source: EagleHeadBase) -> bool:
+        return is_default_run(report, source)
+
+    def expected_accepted(self, setting: Mapping[str, Any], probs: list[list[float]]) -> float:
+        return expected_accepted(setting, probs)
+
+    def setting_from_report(self, drafter: Mapping[str, Any], statistics: Mapping[str, Any] | None, depth: int,
+                            mode: str) -> dict[str, Any]:
+        if mode == "chain":
+            return {"mode": "chain", "depth": depth}
+        return {"mode": "tree", "depth": depth, "top_k": drafter.get("top_k"), "total_tokens": drafter.get("tree_size")}
+
+    def engine_settings(self, setting: Mapping[str, Any], default_tokens: int) -> dict[str, Any]:
+        depth = int(setting["depth"])
+        tree = setting.get("mode") == "tree"
+        top_k = int(setting["top_k"]) if tree else 1
+        tokens = int(setting["total_tokens"]) if tree else depth + 1
+        return {"vllm": {"num_speculative_tokens": depth},
+                "sglang": {"speculative_num_steps": depth, "speculative_eagle_topk": top_k,
+                           "speculative_num_draft_tokens": tokens},
+                "trtllm": {"max_draft_len": depth}}
+
+
+#: The search of the EAGLE and EAGLE-3 families (their ``FAMILY.search``).
+SEARCH = EagleSearch()

@@ -7,10 +7,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from specgraft.config import MAX_LAYER_INDEX, check_positive, check_range
 from specgraft.errors import ConfigError, SpecgraftError
 from specgraft.heads.draft_vocab import check_draft_vocab_size, default_draft_vocab_size
 from specgraft.heads.eagle.config import check_hass_topk
+from specgraft.utils.checks import MAX_LAYER_INDEX, check_positive, check_range
 
 logger = logging.getLogger(__name__)
 

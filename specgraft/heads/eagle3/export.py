@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from specgraft.errors import SpecgraftError
-from specgraft.export.convert import (
+from specgraft.export.engine import (
     BIAS_FORMATS,
     EngineCheckpoint,
     SourceState,
@@ -35,7 +35,7 @@ from specgraft.export.convert import (
 from specgraft.export.layouts import TensorRule, llama_layer
 from specgraft.export.llamacpp import permute_qk, unpermute_qk
 from specgraft.export.target_info import TargetInfo, llama_draft_config, rope_fields
-from specgraft.heads.registry import CardText, EngineExporter
+from specgraft.heads.family import CardText, EngineExporter
 
 #: EAGLE-3 default number of fused target layers (the engines' fc is sized for exactly this many).
 ENGINE_NUM_FEATURES = 3
@@ -341,5 +341,6 @@ EXPORTERS = {
     "llamacpp": EngineExporter("draft.gguf", LLAMACPP_LAYOUT, to_engine, from_engine, checked_config_keys=(),
                                container="gguf"),
 }
-CARD = CardText(title="EAGLE-3", describe=describe, vllm_method="eagle3", sglang_algorithm="EAGLE3",
+CARD = CardText(title="EAGLE-3", describe=describe, vllm_method="eagle3", vllm_path_marker=("eagle3", "-eagle3"),
+                sglang_algorithm="EAGLE3",
                 config_is_self_contained=True, trtllm_lines=trtllm_lines, llamacpp_spec_type="draft-eagle3")

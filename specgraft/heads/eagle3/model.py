@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgraft.errors import SpecgraftError
-from specgraft.heads.base import HeadLoss, depth_ranks
 from specgraft.heads.draft_vocab import (
     build_draft_vocab,
     check_draft_vocab_size,
@@ -41,6 +40,7 @@ from specgraft.heads.draft_vocab import (
 )
 from specgraft.heads.eagle.model import EagleHeadBase
 from specgraft.heads.eagle3.config import Eagle3Config
+from specgraft.heads.head import HeadLoss, depth_ranks
 from specgraft.heads.layers import (
     EAGLE_ATTENTION,
     Eagle3MidLayer,

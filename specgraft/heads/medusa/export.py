@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from specgraft.errors import SpecgraftError
-from specgraft.export.convert import EngineCheckpoint, SourceState, refuse_bias, refuse_leftovers
+from specgraft.export.engine import EngineCheckpoint, SourceState, refuse_bias, refuse_leftovers
 from specgraft.export.layouts import Dims, TensorRule
 from specgraft.export.target_info import TargetInfo
-from specgraft.heads.registry import CardText, EngineExporter
+from specgraft.heads.family import CardText, EngineExporter
 
 logger = logging.getLogger(__name__)
 

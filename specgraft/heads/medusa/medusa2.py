@@ -18,7 +18,7 @@ from peft import get_peft_model
 from torch import nn
 
 from specgraft.errors import SpecgraftError
-from specgraft.heads.base import ADAPTER_DIR, DraftHead, HeadLoss  # noqa: F401 (re-exported)
+from specgraft.heads.head import ADAPTER_DIR, DraftHead, HeadLoss  # noqa: F401 (re-exported)
 from specgraft.heads.losses import masked_cross_entropy, masked_mean
 from specgraft.target import Target, TargetOutput
 
@@ -106,6 +106,13 @@ class Medusa2Step(nn.Module):
 
 
 def lora_step(head: DraftHead, target: Target, lora_cfg: Any) -> tuple[nn.Module, nn.Module]:
-    """Registry hook: the Medusa-2 training step and the peft-wrapped target (its adapter trains with the heads)."""
+    """The Medusa-2 training step and the peft-wrapped target (its adapter trains with the heads)."""
     peft_model = apply_lora(target, lora_cfg)
     return Medusa2Step(head, peft_model, target, lora_cfg), peft_model
+
+
+def train_step(head: DraftHead, target: Target, recipe: Any) -> tuple[nn.Module, nn.Module] | None:
+    """The family's ``train_step``: Medusa-2's joint step when the recipe enables its LoRA adapter, else None (the
+    heads' own loss)."""
+    lora_cfg = recipe.lora
+    return lora_step(head, target, lora_cfg) if lora_cfg.enabled else None

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgraft.errors import SpecgraftError
-from specgraft.heads.base import DraftHead, HeadLoss, depth_ranks
+from specgraft.heads.head import DraftHead, HeadLoss, depth_ranks
 from specgraft.heads.losses import decayed_sum, item_mean, linear_cross_entropy
 from specgraft.heads.medusa.config import MedusaConfig
 from specgraft.target import Target, TargetOutput

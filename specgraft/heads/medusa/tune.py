@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from specgraft.decoding.acceptance import calibration_probabilities, optimal_tree, tree_value
 from specgraft.errors import SpecgraftError
+from specgraft.heads.family import Prediction, TuningSearch
 from specgraft.heads.medusa.drafter import (
     build_sparse_tree,
     default_setting,
@@ -26,9 +27,6 @@ if TYPE_CHECKING:  # annotations only: the tuner passes the profile in
     from specgraft.heads.medusa.model import MedusaHead
     from specgraft.tuning.cost import CostProfile
 
-#: A predicted setting as the tuner takes it: ``setting``, ``expected_accepted``, ``draft_s`` and the step fields
-#: of :meth:`~specgraft.tuning.cost.CostProfile.step_prediction`.
-Prediction = dict[str, Any]
 
 #: Heads (depths) and tree node counts whose call ``specgraft profile`` times; the cost between node counts is
 #: interpolated linearly.
@@ -130,7 +128,61 @@ def is_default_run(report: Mapping[str, Any], head: MedusaHead) -> bool:
     return drafter.get("mode") == "tree" and drafter.get("tree_size") == default_setting(head)["tree_size"]
 
 
-#: The registry hooks of this search (see :mod:`specgraft.heads.registry`).
-HOOKS = {"default_setting": default_setting, "profile_drafter": profile_drafter, "tune_candidates": candidates,
-         "tune_predict": predict, "setting_label": setting_label, "same_setting": same_setting,
-         "is_default_run": is_default_run, "expected_accepted": expected_accepted}
+class MedusaSearch(TuningSearch):
+    """Medusa's static trees: every depth and node count's optimal tree, the head's top-k accuracies as prior."""
+
+    kind = "medusa"
+
+    def default_setting(self, source: MedusaHead) -> dict[str, Any]:
+        return default_setting(source)
+
+    def calibration_label(self, setting: Mapping[str, Any]) -> str:
+        return "the default tree"
+
+    def drafter(self, source: MedusaHead, setting: Mapping[str, Any]) -> Any:
+        return drafter_from_setting(source, setting)
+
+    def profile_drafter(self, source: MedusaHead, timed: Callable[[Any], float]) -> dict[str, Any]:
+        return profile_drafter(source, timed)
+
+    def candidates(self, profile: Any, costs: Mapping[str, Any], calibration: Mapping[str, Any]) -> list[Prediction]:
+        return candidates(profile, costs, calibration)
+
+    def predict(self, setting: Mapping[str, Any], profile: Any, costs: Mapping[str, Any],
+                calibration: Mapping[str, Any]) -> Prediction:
+        return predict(setting, profile, costs, calibration)
+
+    def label(self, setting: Mapping[str, Any]) -> str:
+        return setting_label(setting)
+
+    def same_setting(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+        return same_setting(a, b)
+
+    def is_default_run(self, report: Mapping[str, Any], source: MedusaHead) -> bool:
+        return is_default_run(report, source)
+
+    def prior(self, source: MedusaHead) -> list[list[float]]:
+        return tuning_prior(source)
+
+    def expected_accepted(self, setting: Mapping[str, Any], probs: list[list[float]]) -> float:
+        return expected_accepted(setting, probs)
+
+    def setting_from_report(self, drafter: Mapping[str, Any], statistics: Mapping[str, Any] | None, depth: int,
+                            mode: str) -> dict[str, Any]:
+        """The report's static tree (its paths, recorded in the acceptance statistics) cut to ``depth``."""
+        paths = (statistics or {}).get("static_tree_paths")
+        if not paths:
+            raise SpecgraftError("the report lacks acceptance_statistics.static_tree_paths; re-run `specgraft eval` "
+                                 "with this version")
+        paths = [p for p in paths if len(p) <= depth]
+        return {"mode": mode, "paths": paths, "depth": depth, "tree_size": len(paths) + 1}
+
+    def engine_settings(self, setting: Mapping[str, Any], default_tokens: int) -> dict[str, Any]:
+        # No vLLM entry: vLLM's Medusa runs every exported head and needs num_speculative_tokens == num_heads, so a
+        # tuned tree only reaches engines that take the tree itself (TensorRT-LLM's medusa_choices).
+        choices = [list(p) for p in setting.get("paths") or []]
+        return {"trtllm": {"max_draft_len": int(setting["depth"]), "medusa_choices": choices}}
+
+
+#: The family's search (its ``FAMILY.search``).
+SEARCH = MedusaSearch()
