@@ -146,8 +146,10 @@ def vllm_name_warnings(path: str, head_type: str, what: str = "path") -> list[st
         return [f"the {what} {path} lacks {marker!r}, so vLLM will not recognise this {head_type} head unless the "
                 f"method is given (--speculative-config '{{\"method\": \"{head_type}\", ...}}')"]
     found = markers[inferred][0]
-    return [f"the {what} {path} contains {found!r}, so vLLM will serve this {head_type} head as {inferred} unless "
-            f"the method is given; rename it without {found!r}"]
+    titles = [get_family(name).card.title for name in family_names()
+              if get_family(name).card is not None and get_family(name).card.vllm_method == inferred]
+    return [f"the {what} {path} contains {found!r}, so vLLM will serve this {head_type} head as "
+            f"{titles[0] if titles else inferred} unless the method is given; rename it without {found!r}"]
 
 
 def export_path(out: str | Path, head_type: str, fmt: str, keep_name: bool = False) -> tuple[Path, list[str]]:

@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import specgraft.heads.base as base
+import specgraft.heads.head as head_module
 from specgraft.errors import SpecgraftError, TargetMismatchError
 from specgraft.heads.base import HEAD_CONFIG_NAME, HEAD_WEIGHTS_NAME, DraftHead, load_head, read_head_config
 from specgraft.heads.medusa.model import MedusaHead
@@ -212,7 +212,7 @@ def test_failed_save_leaves_existing_head_untouched(tmp_path, target, monkeypatc
             fh.write(b"\x00" * 100)  # a partial file, then the disk "fills up"
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(base, "save_file", half_write_then_fail)
+    monkeypatch.setattr(head_module, "save_file", half_write_then_fail)
     with pytest.raises(OSError, match="No space left"):
         make_head(target, seed=1).save_pretrained(path)
     assert {name: (path / name).read_bytes() for name in os.listdir(path)} == before
