@@ -18,6 +18,10 @@ import torch
 import yaml
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
+from specgraft.decoding.drafters import DraftModelDrafter, RandomDrafter, SelfDrafter
+from specgraft.heads.registry import family_names, get_family
+from specgraft.target import Target
+
 #: Architectures every component is tested on (transformers ``model_type`` names).
 TINY_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3")
 
@@ -83,10 +87,6 @@ def builtin_drafters(model: PreTrainedModel, seed: int = 0, noise: float = 0.05)
     tree), random chains, a draft model (a perturbed copy of the target, chain and tree) and an untrained head of
     every built-in family (weights perturbed by ``noise`` so that it agrees with the target only now and then), in
     its default setting and as a chain. Heads are built in the target's dtype; each factory builds afresh."""
-    from specgraft.decoding.drafters import DraftModelDrafter, RandomDrafter, SelfDrafter
-    from specgraft.heads.registry import family_names, get_family
-    from specgraft.target import Target
-
     vocab = int(model.config.get_text_config().vocab_size)
     dtype = next(model.parameters()).dtype
 

@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 from specgraft.decoding import kv
+from specgraft.decoding import rows as row_layout
 from specgraft.decoding.drafter import DraftContext, Drafter
 from specgraft.decoding.tree import DraftTree, TreeStructure, prune_to_depth
 from specgraft.decoding.verify import SamplingParams, greedy_verdict, process_logits, verify_greedy, verify_sampling
 from specgraft.errors import SpecgraftError
-from specgraft.kernels import exact_attention
 
 #: Token slots the decoder's device-side history grows by (doubling when full).
 _TOKEN_BUFFER_STEP = 256
@@ -189,7 +189,7 @@ class SpeculativeDecoder:
         self.model, self.tokenizer = _unwrap(model, tokenizer)
         self.sampling = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
         self.layout = kv.attention_layout(self.model)
-        self.exact_rows = exact_attention.uses_exact_attention(self.model)
+        self.exact_rows = row_layout.uses_exact_attention(self.model)
         config = kv.text_config(self.model)
         self.vocab_size = int(config.vocab_size)
         self.num_layers = int(config.num_hidden_layers)
@@ -276,17 +276,17 @@ class SpeculativeDecoder:
             exact_rows = self.exact_rows and n > 0  # a one-token step is already plain decoding's own call
             if exact_rows:
                 # Row-exact attention: each row attends to its own keys in logical order through the very call
-                # one-token decoding makes (specgraft.kernels.exact_attention); no mask is needed.
+                # one-token decoding makes (the row-layout protocol, specgraft.decoding.rows); no mask is needed.
                 # The tree mask is passed too, so that a model whose forward does not hand keyword arguments on to
                 # its attention still verifies correctly (through sdpa), only not bit-exactly.
                 pos = mask = None
-                rows = exact_attention.row_keys(past, structure, self.device)
+                rows = row_layout.row_keys(past, structure, self.device)
                 if not structure.chain:
                     positions = structure.row_depths(self.device) + past  # [n+1]
                     key_pos = torch.cat([torch.arange(past, device=self.device), positions])
                     mask = self.layout.tree_mask(structure, past, positions, key_pos, self.dtype)
                     pos = positions.unsqueeze(0)
-                layout = {"attention_mask": mask, "position_ids": pos, exact_attention.ROWS_KWARG: rows}
+                layout = {"attention_mask": mask, "position_ids": pos, row_layout.ROWS_KWARG: rows}
             elif n == 0:
                 layout = {}  # one token: plain decoding's own step, which needs no mask
             else:
@@ -300,7 +300,7 @@ class SpeculativeDecoder:
             # Verification is timed from the forward's call to the verdict's device read (GenerationResult's
             # verify_time_s); building the mask before it and walking the tree after it are the step's bookkeeping.
             verify_start = time.perf_counter()
-            with exact_attention.rows_one_at_a_time(self.model) if exact_rows else contextlib.nullcontext():
+            with row_layout.rows_one_at_a_time(self.model) if exact_rows else contextlib.nullcontext():
                 out = self.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(needs),
                                  **layout)
             result.num_target_forwards += 1
