@@ -1,7 +1,8 @@
 """Typed recipes: YAML files mapped onto config dataclasses.
 
-A recipe has sections ``model``, ``data``, ``head``, ``lora``, ``distill``, ``training``, ``output`` and
-``tracking``. Loading validates strictly and reports problems in one line with the dotted path of the field:
+A recipe has sections ``model``, ``data``, ``head``, ``distill``, ``training``, ``output`` and ``tracking`` (a head
+family's own settings, e.g. Medusa-2's ``lora``, live in its ``head:`` section). Loading validates strictly and
+reports problems in one line with the dotted path of the field:
 
 * an unknown key fails and suggests the nearest valid key,
 * a wrong type fails naming the expected type,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import math
 import re
 import types
@@ -34,6 +36,8 @@ from specgraft.heads.registry import default_family, family_names, get_family
 from specgraft.utils.checks import MAX_LAYER_INDEX, check_choice, check_positive, check_range  # noqa: F401 (re-exported)
 from specgraft.utils.io import require_file
 from specgraft.utils.recipe_io import save_recipe, to_dict  # noqa: F401 (re-exported)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -101,44 +105,6 @@ class DataConfig:
         check_range(f"{path}.regenerate_temperature", self.regenerate_temperature, 0.0, None)
         check_range(f"{path}.seed", self.seed, 0, None)
         check_range(f"{path}.replay_share", self.replay_share, 0.0, 1.0, high_open=True)
-
-
-@dataclass
-class LoraConfig:
-    """Medusa-2: a LoRA adapter on the target trained jointly with the heads (peft)."""
-
-    enabled: bool = False
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    lm_loss_weight: float = 1.0
-    head_loss_weight: float = 0.2
-    """lambda in L_LM + lambda * L_heads."""
-    kl_weight: float = 1.0
-    """Self-distillation KL against the adapter-disabled target, so the target's outputs do not drift."""
-    head_warmup_steps: int = 0
-    """Train the heads alone for this many steps before the adapter joins."""
-    learning_rate: float | None = None
-    """Adapter learning rate (default: training.learning_rate / ``learning_rate_divisor``)."""
-    learning_rate_divisor: float = 4.0
-    """When ``learning_rate`` is unset, the adapter trains at training.learning_rate divided by this (the target's
-    weights move more slowly than the freshly initialised heads)."""
-
-    def validate(self, path: str) -> None:
-        check_positive(f"{path}.r", self.r)
-        check_positive(f"{path}.alpha", self.alpha)
-        check_range(f"{path}.dropout", self.dropout, 0.0, 1.0, high_open=True)
-        check_range(f"{path}.head_warmup_steps", self.head_warmup_steps, 0, None)
-        for name in ("lm_loss_weight", "head_loss_weight", "kl_weight"):
-            check_range(f"{path}.{name}", getattr(self, name), 0.0, None)
-        if self.learning_rate is not None:
-            check_range(f"{path}.learning_rate", self.learning_rate, 0.0, None, low_open=True)
-        check_range(f"{path}.learning_rate_divisor", self.learning_rate_divisor, 0.0, None, low_open=True)
-
-    def adapter_learning_rate(self, base_learning_rate: float) -> float:
-        """The adapter's learning rate given training.learning_rate."""
-        return self.learning_rate if self.learning_rate is not None else base_learning_rate / self.learning_rate_divisor
 
 
 @dataclass
@@ -319,7 +285,6 @@ class Recipe:
     head: Any = field(default_factory=lambda: _default_head(), metadata={"convert": lambda v, p: head_section(v, p)})
     """The draft head: ``type`` (a registered family: medusa | eagle | eagle3 | dflash) and that family's own typed
     fields (its ``config.py``)."""
-    lora: LoraConfig = field(default_factory=LoraConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     description: str = ""
@@ -438,6 +403,38 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (), schema: type | 
     return from_dict(schema or kind, raw)
 
 
+def move_family_sections(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """An older recipe's recipe-level section that now lives in its head family's section (Medusa-2's ``lora:``,
+    which the family's config lists in ``legacy_recipe_sections``) moved into ``head:``, with a deprecation warning;
+    refused when the recipe has it in both places or when its family has no such section."""
+    fields = {f.name for f in dataclasses.fields(Recipe)}
+    stray = [key for key in raw if key not in fields]
+    if not stray:
+        return raw
+    head = raw.get("head") if isinstance(raw.get("head"), Mapping) else {}
+    head_type = head.get("type", default_family().name)
+    if head_type not in family_names():
+        return raw  # the head section's own check names the unknown type
+    owned = getattr(get_family(head_type).config, "legacy_recipe_sections", ())
+    others = {key: name for name in family_names()
+              for key in getattr(get_family(name).config, "legacy_recipe_sections", ())}
+    moved = dict(raw)
+    head = dict(head)
+    for key in stray:
+        if key not in owned:
+            if key in others:
+                raise ConfigError(f"{where}: the {key}: section belongs to {others[key]} heads (head.{key}), but "
+                                  f"head.type is {head_type}; remove it or set head.type={others[key]}")
+            continue  # from_dict names the unknown key and the valid ones
+        if key in head:
+            raise ConfigError(f"{where} has both {key}: and head.{key}:; keep only head.{key}")
+        logger.warning("%s: the recipe-level %s: section is deprecated; move it into the head: section "
+                       "(head.%s)", where, key, key)
+        head[key] = moved.pop(key)
+    moved["head"] = head
+    return moved
+
+
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """Return a copy of ``raw`` with each ``a.b.c=value`` override set (value parsed as YAML)."""
     result = _deep_copy(raw)
@@ -467,6 +464,8 @@ def from_dict(schema: type, raw: Mapping[str, Any], path: str = "") -> Any:
     """Build dataclass ``schema`` from ``raw`` with strict validation (see module docstring)."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{path or 'recipe'} must be a mapping, got {_tname(raw)}")
+    if schema is Recipe:
+        raw = move_family_sections(dict(raw), path or "recipe")
     hints = typing.get_type_hints(schema)
     fields = {f.name: f for f in dataclasses.fields(schema)}
     for key in raw:

@@ -124,3 +124,26 @@ def test_head_training_and_distillation_recipes_are_separate_schemas(tmp_path):
         load_recipe(write(tmp_path, {**MINIMAL, "distill": {}}), schema=Recipe)
     with pytest.raises(ConfigError, match=r"is a head-training recipe; run it with `specgraft train`"):
         load_recipe(write(tmp_path, MINIMAL), schema=DistillRecipe)
+
+
+def test_medusa2_lora_lives_in_the_medusa_section_and_old_recipes_still_load(tmp_path, caplog):
+    """Medusa-2's adapter settings are the Medusa family's (head.lora); a recipe-level lora: section (older recipes)
+    is moved there with a deprecation warning, and loads to the same recipe and the same resume fingerprint."""
+    from specgraft.train.trainer import recipe_fingerprint
+
+    lora = {"enabled": True, "r": 8, "kl_weight": 0.5}
+    new = load_recipe(write(tmp_path, {**MINIMAL, "head": {"type": "medusa", "lora": lora}}, "new.yaml"))
+    with caplog.at_level("WARNING", logger="specgraft.config"):
+        old = load_recipe(write(tmp_path, {**MINIMAL, "head": {"type": "medusa"}, "lora": lora}, "old.yaml"))
+    assert "recipe-level lora: section is deprecated" in caplog.text
+    assert new.head.lora.enabled and new.head.lora.r == 8 and to_dict(old) == to_dict(new)
+    assert recipe_fingerprint(old) == recipe_fingerprint(new)
+    assert "lora" not in to_dict(new) and to_dict(new)["head"]["lora"]["kl_weight"] == 0.5
+    # The override path follows the section: the old dotted key still works, and lands in head.lora.
+    assert load_recipe(write(tmp_path, MINIMAL, "o.yaml"), ["lora.r=4"]).head.lora.r == 4
+    with pytest.raises(ConfigError, match="has both lora: and head.lora:"):
+        load_recipe(write(tmp_path, {**MINIMAL, "head": {"type": "medusa", "lora": dict(lora)}, "lora": lora}, "b.yaml"))
+    with pytest.raises(ConfigError, match="the lora: section belongs to medusa heads"):
+        load_recipe(write(tmp_path, {**MINIMAL, "head": {"type": "eagle"}, "lora": lora}, "e.yaml"))
+    with pytest.raises(ConfigError, match="head.lora.kl_weight must be a finite number"):
+        load_recipe(write(tmp_path, MINIMAL, "n.yaml"), ["lora.kl_weight=nan"])

@@ -174,9 +174,21 @@ class TuningSearch(ABC):
         return {"vllm": {"num_speculative_tokens": k}, "trtllm": {"max_draft_len": k}}
 
 
-#: ``(head, target, recipe) -> (training step module, extra trainable module) | None``: a family's own training
-#: step (Medusa-2's joint LoRA step and its peft model), or None to train the head's own loss.
-TrainStepFactory = Callable[[Any, Any, Any], "tuple[Any, Any] | None"]
+@dataclass
+class FamilyTrainStep:
+    """A family's own training step (Medusa-2's joint LoRA step), as its :attr:`HeadFamily.train_step` builds it."""
+
+    step: Any
+    """The ``nn.Module`` whose forward computes the :class:`~specgraft.heads.head.HeadLoss` of a batch."""
+    adapter: Any
+    """The peft-wrapped target whose adapter trains with the head (saved in the head folder's ``adapter/``)."""
+    adapter_learning_rate: float
+    """The adapter's learning rate (its own parameter group)."""
+
+
+#: ``(head, target, recipe) -> FamilyTrainStep | None``: a family's own training step, or None (the recipe asks for
+#: none) to train the head's own loss.
+TrainStepFactory = Callable[[Any, Any, Any], "FamilyTrainStep | None"]
 
 
 @dataclass(eq=False)

@@ -176,9 +176,11 @@ class DraftHead(nn.Module):
 
     # -- save / load -----------------------------------------------------------------------------------------
     def config_dict(self) -> dict[str, Any]:
-        """The config saved in head_config.json (recipe-only fields such as ``init_from`` left out)."""
+        """The config saved in head_config.json: the config's ``recipe_only_fields`` (default ``init_from``;
+        Medusa: its ``lora`` too) left out."""
         data = dataclasses.asdict(self.config) if dataclasses.is_dataclass(self.config) else dict(self.config)
-        data.pop("init_from", None)
+        for name in getattr(type(self.config), "recipe_only_fields", ("init_from",)):
+            data.pop(name, None)
         return data
 
     def save_pretrained(self, path: str | Path, recipe: Any = None, extra: dict[str, Any] | None = None) -> Path:

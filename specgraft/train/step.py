@@ -78,14 +78,15 @@ class TrainStep(Protocol):
 
 class HeadTrainStep:
     """Train a draft head of a registered family (Medusa, EAGLE-1/2, EAGLE-3, DFlash; Medusa-2 with
-    ``lora.enabled``) from a head-training recipe."""
+    ``head.lora.enabled``) from a head-training recipe."""
 
     final_dir = "head"
 
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
         self.label = f"train {recipe.head.type}"
-        self.find_unused_parameters = recipe.lora.enabled  # Medusa-2's adapter is unused during the heads' warm-up
+        # Medusa-2's adapter is unused during the heads' warm-up: the head's config says when DDP must look for that.
+        self.find_unused_parameters = bool(getattr(recipe.head, "find_unused_parameters", False))
         #: The head being trained and Medusa-2's peft-wrapped target (set by :meth:`build`).
         self.head: DraftHead | None = None
         self.peft_model: nn.Module | None = None
@@ -120,13 +121,10 @@ class HeadTrainStep:
         family = get_family(r.head.type)
         custom = family.train_step(head, target, r) if family.train_step is not None else None
         if custom is None:
-            if r.lora.enabled:  # the recipe asks for an adapter that this family's training step does not train
-                raise SpecgraftError(f"lora (Medusa-2) is a Medusa training step; the {r.head.type} family does not "
-                                     "train an adapter: set lora.enabled=false")
             return HeadLossStep(head, target), groups
-        step, self.peft_model = custom
+        step, self.peft_model = custom.step, custom.adapter
         lora_params = [p for p in self.peft_model.parameters() if p.requires_grad]
-        groups.append({"params": lora_params, "lr": r.lora.adapter_learning_rate(tr.learning_rate)})
+        groups.append({"params": lora_params, "lr": custom.adapter_learning_rate})
         return step, groups
 
     def feature_layers(self) -> tuple[tuple[int, ...], bool]:

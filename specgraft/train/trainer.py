@@ -38,7 +38,7 @@ from specgraft.config import DistillRecipe, Recipe, save_recipe, to_dict
 from specgraft.data.collate import pad_token_id
 from specgraft.errors import SpecgraftError
 from specgraft.heads.base import RECIPE_NAME, DraftHead
-from specgraft.heads.registry import get_family
+from specgraft.heads.registry import family_names, get_family
 from specgraft.target import Target, target_from_config
 from specgraft.train import checkpoint as ckpt
 from specgraft.train.step import HeadTrainStep, TrainStep
@@ -71,9 +71,26 @@ METRICS_FILE = "metrics.jsonl"
 _ALWAYS = object()  # drop(): remove the field whatever its value
 
 
+def _hash_legacy_sections_where_they_were(recipe: Recipe, data: dict[str, Any]) -> None:
+    """A family section that recipes once held at recipe level (Medusa-2's ``lora``, then in every head recipe at
+    its defaults) is hashed where it was, so a checkpoint written before it moved into ``head:`` still resumes."""
+    head = data["head"]
+    for name in family_names():
+        config = get_family(name).config
+        for key in getattr(config, "legacy_recipe_sections", ()):
+            if key in head and isinstance(recipe.head, config):
+                data[key] = head.pop(key)
+            elif key not in data:
+                default = next(f for f in dataclasses.fields(config) if f.name == key)
+                data[key] = to_dict(default.default_factory() if default.default is dataclasses.MISSING
+                                    else default.default)
+
+
 def recipe_fingerprint(recipe: Recipe | DistillRecipe) -> str:
     """Hash of the parts of a recipe that determine the training trajectory."""
     data = to_dict(recipe)
+    if isinstance(recipe, Recipe):
+        _hash_legacy_sections_where_they_were(recipe, data)
 
     def drop(dotted: str, when_equal_to: Any = _ALWAYS) -> None:
         node = data

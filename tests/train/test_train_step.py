@@ -9,8 +9,8 @@ import datasets
 import pytest
 import torch
 
-from specgraft.config import DataConfig, LoraConfig, ModelConfig, OutputConfig, Recipe, TrainingConfig
-from specgraft.heads.medusa.config import MedusaConfig
+from specgraft.config import DataConfig, ModelConfig, OutputConfig, Recipe, TrainingConfig
+from specgraft.heads.medusa.config import LoraConfig, MedusaConfig
 from specgraft.target import Target
 from specgraft.testing import tiny_model, tiny_tokenizer
 
@@ -37,8 +37,8 @@ def test_trainers_are_the_one_loop_with_a_step():
 
 def _medusa2_recipe(tmp_path, **lora) -> Recipe:
     return Recipe(model=ModelConfig("tiny"), data=DataConfig("unused"), output=OutputConfig(str(tmp_path / "o")),
-                  head=MedusaConfig(num_heads=2),
-                  lora=LoraConfig(enabled=True, r=2, alpha=4, dropout=0.0, target_modules=["q_proj"], **lora),
+                  head=MedusaConfig(num_heads=2, lora=LoraConfig(enabled=True, r=2, alpha=4, dropout=0.0,
+                                                                  target_modules=["q_proj"], **lora)),
                   training=TrainingConfig(learning_rate=1e-2))
 
 
@@ -137,6 +137,7 @@ def test_fields_added_later_keep_old_checkpoints_resumable(tmp_path):
 
     recipe = _medusa2_recipe(tmp_path)
     data = to_dict(recipe)  # the fingerprint of the recipe as written before the fields existed
+    data["lora"] = data["head"].pop("lora")  # ... and before Medusa-2's lora moved into the head section
     for dotted in (*RESUMABLE_CHANGES, *(k for k in FIELDS_ADDED_LATER if not k.startswith("distill."))):
         node = data
         *parents, leaf = dotted.split(".")
@@ -145,5 +146,6 @@ def test_fields_added_later_keep_old_checkpoints_resumable(tmp_path):
         node.pop(leaf, None)
     before = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
     assert recipe_fingerprint(recipe) == before
-    changed = dataclasses.replace(recipe, lora=dataclasses.replace(recipe.lora, learning_rate_divisor=8.0))
+    lora = dataclasses.replace(recipe.head.lora, learning_rate_divisor=8.0)
+    changed = dataclasses.replace(recipe, head=dataclasses.replace(recipe.head, lora=lora))
     assert recipe_fingerprint(changed) != before

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from specgraft.errors import SpecgraftError
@@ -11,10 +11,53 @@ from specgraft.utils.checks import check_positive, check_range
 
 
 @dataclass
+class LoraConfig:
+    """Medusa-2: a LoRA adapter on the target trained jointly with the heads (peft)."""
+
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lm_loss_weight: float = 1.0
+    head_loss_weight: float = 0.2
+    """lambda in L_LM + lambda * L_heads."""
+    kl_weight: float = 1.0
+    """Self-distillation KL against the adapter-disabled target, so the target's outputs do not drift."""
+    head_warmup_steps: int = 0
+    """Train the heads alone for this many steps before the adapter joins."""
+    learning_rate: float | None = None
+    """Adapter learning rate (default: training.learning_rate / ``learning_rate_divisor``)."""
+    learning_rate_divisor: float = 4.0
+    """When ``learning_rate`` is unset, the adapter trains at training.learning_rate divided by this (the target's
+    weights move more slowly than the freshly initialised heads)."""
+
+    def validate(self, path: str) -> None:
+        check_positive(f"{path}.r", self.r)
+        check_positive(f"{path}.alpha", self.alpha)
+        check_range(f"{path}.dropout", self.dropout, 0.0, 1.0, high_open=True)
+        check_range(f"{path}.head_warmup_steps", self.head_warmup_steps, 0, None)
+        for name in ("lm_loss_weight", "head_loss_weight", "kl_weight"):
+            check_range(f"{path}.{name}", getattr(self, name), 0.0, None)
+        if self.learning_rate is not None:
+            check_range(f"{path}.learning_rate", self.learning_rate, 0.0, None, low_open=True)
+        check_range(f"{path}.learning_rate_divisor", self.learning_rate_divisor, 0.0, None, low_open=True)
+
+    def adapter_learning_rate(self, base_learning_rate: float) -> float:
+        """The adapter's learning rate given training.learning_rate."""
+        return self.learning_rate if self.learning_rate is not None else base_learning_rate / self.learning_rate_divisor
+
+
+@dataclass
 class MedusaConfig:
     """Hyper-parameters of a set of Medusa heads."""
 
     type: ClassVar[str] = "medusa"
+    recipe_only_fields: ClassVar[tuple[str, ...]] = ("init_from", "lora")
+    """Training-only fields, left out of the saved head's config."""
+    legacy_recipe_sections: ClassVar[tuple[str, ...]] = ("lora",)
+    """Recipe-level sections older recipes held and the config loader moves into this section (with a
+    deprecation warning): Medusa-2's ``lora:``."""
     init_from: str | None = None
     """Training only: start from the head saved in this folder (the same family, trained on the same target
     architecture and tokenizer; a fine-tuned target of the same base is accepted with a warning naming what
@@ -36,6 +79,15 @@ class MedusaConfig:
     topk_accuracy: list[list[float]] | None = None
     """Measured [K, topk] accuracies (P(head k's i-th choice is the right token)) used to build the static
     decoding tree; measured after training (leave unset in recipes)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Medusa-2: train a LoRA adapter on the target jointly with the heads (``head.lora.enabled``). Training only:
+    the adapter is saved beside the heads (``adapter/``), not in the head's config."""
+
+    @property
+    def find_unused_parameters(self) -> bool:
+        """Whether a training step may leave trained parameters unused (Medusa-2's adapter, during the heads'
+        warm-up): DDP must then look for them."""
+        return self.lora.enabled
 
     def check_recipe(self, path: str) -> None:
         """The fields a recipe sets (the config loader calls this with the dotted path of the section)."""

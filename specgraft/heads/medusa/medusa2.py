@@ -18,6 +18,7 @@ from peft import get_peft_model
 from torch import nn
 
 from specgraft.errors import SpecgraftError
+from specgraft.heads.family import FamilyTrainStep
 from specgraft.heads.head import ADAPTER_DIR, DraftHead, HeadLoss  # noqa: F401 (re-exported)
 from specgraft.heads.losses import masked_cross_entropy, masked_mean
 from specgraft.target import Target, TargetOutput
@@ -111,8 +112,11 @@ def lora_step(head: DraftHead, target: Target, lora_cfg: Any) -> tuple[nn.Module
     return Medusa2Step(head, peft_model, target, lora_cfg), peft_model
 
 
-def train_step(head: DraftHead, target: Target, recipe: Any) -> tuple[nn.Module, nn.Module] | None:
-    """The family's ``train_step``: Medusa-2's joint step when the recipe enables its LoRA adapter, else None (the
-    heads' own loss)."""
-    lora_cfg = recipe.lora
-    return lora_step(head, target, lora_cfg) if lora_cfg.enabled else None
+def train_step(head: DraftHead, target: Target, recipe: Any) -> FamilyTrainStep | None:
+    """The family's ``train_step``: Medusa-2's joint step when ``head.lora.enabled``, else None (the heads' own
+    loss)."""
+    lora_cfg = recipe.head.lora
+    if not lora_cfg.enabled:
+        return None
+    step, peft_model = lora_step(head, target, lora_cfg)
+    return FamilyTrainStep(step, peft_model, lora_cfg.adapter_learning_rate(recipe.training.learning_rate))
