@@ -141,8 +141,9 @@ def test_medusa2_lora_lives_in_the_medusa_section_and_old_recipes_still_load(tmp
     assert "lora" not in to_dict(new) and to_dict(new)["head"]["lora"]["kl_weight"] == 0.5
     # The override path follows the section: the old dotted key still works, and lands in head.lora.
     assert load_recipe(write(tmp_path, MINIMAL, "o.yaml"), ["lora.r=4"]).head.lora.r == 4
+    both = {**MINIMAL, "head": {"type": "medusa", "lora": dict(lora)}, "lora": lora}
     with pytest.raises(ConfigError, match="has both lora: and head.lora:"):
-        load_recipe(write(tmp_path, {**MINIMAL, "head": {"type": "medusa", "lora": dict(lora)}, "lora": lora}, "b.yaml"))
+        load_recipe(write(tmp_path, both, "b.yaml"))
     with pytest.raises(ConfigError, match="the lora: section belongs to medusa heads"):
         load_recipe(write(tmp_path, {**MINIMAL, "head": {"type": "eagle"}, "lora": lora}, "e.yaml"))
     with pytest.raises(ConfigError, match="head.lora.kl_weight must be a finite number"):
