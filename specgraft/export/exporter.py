@@ -25,6 +25,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from specgraft.config import safe_load_yaml
+from specgraft.distill.output import DRAFT_META, read_draft_meta
 from specgraft.distill.tune import DRAFT_MODEL_KIND
 from specgraft.errors import SpecgraftError
 from specgraft.evaluation.report_reader import (
@@ -45,7 +47,15 @@ from specgraft.export.convert import (
     tuned_engine_settings,
 )
 from specgraft.export.formats import engine_exporter, require_supported
-from specgraft.export.target_info import TargetInfo, resolve_target
+from specgraft.export.llamacpp import (
+    DRAFT_FILE,
+    check_gguf_tokens,
+    check_target_gguf,
+    read_target_gguf,
+    write_draft_model_gguf,
+)
+from specgraft.export.target_info import TargetInfo, resolve_target, rope_fields
+from specgraft.gguf import gguf_origin, is_gguf_path, resolve_model_path
 from specgraft.heads.base import (
     ADAPTER_DIR,
     HEAD_CONFIG_NAME,
@@ -201,7 +211,6 @@ def _load_recipe_dict(head_dir: Path) -> dict[str, Any] | None:
         return None
     import yaml
 
-    from specgraft.config import safe_load_yaml
 
     try:
         raw = safe_load_yaml(path.read_text(encoding="utf-8"))
@@ -393,7 +402,6 @@ def export_head(
 
 
 def _is_distilled_draft(folder: Path) -> bool:
-    from specgraft.distill.output import DRAFT_META
 
     return (folder / DRAFT_META).is_file() and not (folder / HEAD_CONFIG_NAME).is_file()
 
@@ -403,8 +411,6 @@ def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: s
     """A distilled draft model as llama.cpp's ``-md`` GGUF, with the target GGUF's tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specgraft.distill.output import read_draft_meta
-    from specgraft.export.llamacpp import DRAFT_FILE, check_gguf_tokens, read_target_gguf, write_draft_model_gguf
 
     meta = read_draft_meta(folder)
     inputs = [folder, target_gguf]
@@ -442,7 +448,6 @@ def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: s
 
 def _target_gguf_path(target_gguf: str | Path | None, recorded: str) -> str | Path:
     """``--target-gguf``, else the recorded target when it is a ``.gguf`` file here; refused otherwise."""
-    from specgraft.gguf import is_gguf_path
 
     if target_gguf is None and is_gguf_path(recorded) and Path(recorded).expanduser().is_file():
         target_gguf = recorded
@@ -461,7 +466,6 @@ def _gguf_arch(metadata: dict[str, Any]) -> str:
 def _llamacpp_target(target_gguf: str | Path | None, meta: dict[str, Any], info: TargetInfo) -> tuple[Any, list[str]]:
     """The target GGUF a llama.cpp draft is written for (its tokenizer goes into the draft), checked against the
     head's target; refused in one line when absent or another model's."""
-    from specgraft.export.llamacpp import check_target_gguf, read_target_gguf
 
     target = read_target_gguf(_target_gguf_path(target_gguf, str(meta["target"]["name_or_path"])))
     return target, check_target_gguf(target, info.config, _target_tokens(info))
@@ -471,7 +475,6 @@ def _target_tokens(info: TargetInfo) -> list[str] | None:
     """The head's target tokenizer's token strings by id (None when no tokenizer is available here)."""
     from transformers import AutoTokenizer
 
-    from specgraft.gguf import resolve_model_path
 
     tokenizer = info.real.tokenizer if info.real is not None else None
     if tokenizer is None:
@@ -493,7 +496,6 @@ def recorded_base_model(name_or_path: str) -> str:
     Raises:
         SpecgraftError: a ``.gguf`` target whose Hub source is unknown (file absent here, or metadata silent).
     """
-    from specgraft.gguf import gguf_origin, is_gguf_path
 
     if not is_gguf_path(name_or_path):
         return name_or_path
@@ -638,7 +640,6 @@ def _check_engine_config(config: dict[str, Any], head_type: str, fmt: str, targe
     """The exported config must describe ``target`` (sizes, RoPE base, norms)."""
     tc = target.text_config
     layer = config.get("transformer_layer_config", config)
-    from specgraft.export.target_info import rope_fields
 
     checks = {"hidden_size": tc.hidden_size, "vocab_size": tc.vocab_size,
               "max_position_embeddings": tc.max_position_embeddings, "rms_norm_eps": float(tc.rms_norm_eps),

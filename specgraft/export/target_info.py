@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from specgraft.errors import SpecgraftError
-from specgraft.target import Target, TargetIdentity
+from specgraft.gguf import resolve_model_path
+from specgraft.target import Target, TargetIdentity, load_target
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,6 @@ class TargetInfo:
         weight = _read_lm_head(Path(self.name_or_path), self.config)
         if weight is not None:
             return weight
-        from specgraft.target import load_target
 
         logger.info("loading %s to read its lm_head", self.name_or_path)
         target = load_target(self.name_or_path)
@@ -77,7 +77,6 @@ def resolve_target(meta: dict[str, Any], target: str | Path | Target | None) -> 
 def _load_config(name: str, given: bool) -> Any:
     from transformers import AutoConfig
 
-    from specgraft.gguf import resolve_model_path
 
     try:
         return AutoConfig.from_pretrained(resolve_model_path(name))

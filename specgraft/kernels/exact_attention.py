@@ -64,8 +64,11 @@ from specgraft.decoding.rows import (  # noqa: F401 (the row-layout protocol thi
     rows_one_at_a_time,
     uses_exact_attention,
 )
+from specgraft.decoding.tree import tree_structure
 from specgraft.errors import SpecgraftError
 from specgraft.kernels.choices import ATTENTION_KERNELS
+from specgraft.kernels.gqa_attention import grouped_kv_heads
+from specgraft.kernels.linear import row_exact_linear_class, use_row_exact_linears, weight_major_linear_class
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +133,6 @@ def rows_match_one_row_calls(kv_heads: int, group: int, dim: int, dtype: str, de
     a chain at several cache lengths."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from specgraft.decoding.tree import tree_structure
 
     gen = torch.Generator().manual_seed(0)
     torch_dtype = getattr(torch, dtype.removeprefix("torch."))
@@ -177,7 +179,6 @@ def resolve_attention_kernel(choice: str, model: Any) -> str:
         raise SpecgraftError(f"--attention-kernel {choice!r} is not one of {', '.join(ATTENTION_KERNELS)}")
     if choice != "auto":
         return choice
-    from specgraft.kernels.gqa_attention import grouped_kv_heads
 
     on_cpu = next(model.parameters()).device.type == "cpu"
     sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
@@ -238,7 +239,6 @@ def _use_row_exact_linears(model: Any, dtype: str) -> None:
     machine's GEMM computes row by row (:func:`specgraft.kernels.linear.use_row_exact_linears`), one row each where
     that is one (then a verification reads every weight once per row: exact, and slower than plain decoding's
     products; the eval's speedup against the stock baseline shows it)."""
-    from specgraft.kernels.linear import use_row_exact_linears
 
     chunk, switched = use_row_exact_linears(model)
     if chunk < 2:
@@ -304,7 +304,6 @@ def _switched_modules(model: Any) -> list[tuple[Any, type]]:
     """Every module of ``model`` that a kernel switch gave another class, with its stock class."""
     from torch import nn
 
-    from specgraft.kernels.linear import row_exact_linear_class, weight_major_linear_class
 
     linear_classes = (row_exact_linear_class(), weight_major_linear_class())
     out = []

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from specgraft.decoding.kv import GQA_ATTENTION
+from specgraft.decoding.kv import GQA_ATTENTION, text_config
 
 #: Keyword arguments of transformers' attention functions that this kernel leaves to ``sdpa`` when present.
 DELEGATED_KWARGS = ("softcap", "position_bias", "s_aux", "sinks")
@@ -63,7 +63,6 @@ def register_gqa_attention() -> None:
 
 def grouped_kv_heads(model: Any) -> bool:
     """Whether ``model`` shares its key/value heads among several query heads."""
-    from specgraft.decoding.kv import text_config
 
     config = text_config(model)
     heads = getattr(config, "num_attention_heads", None)

@@ -36,6 +36,7 @@ from specgraft.distill.tune import (  # noqa: F401 (re-exported)
     draft_model_cost,
 )
 from specgraft.errors import SpecgraftError
+from specgraft.evaluation.report import run_eval
 from specgraft.evaluation.report_reader import (  # noqa: F401 (re-exported: the tuned.json reader lives there)
     PLAIN_SETTING,
     TUNED_NAME,
@@ -419,7 +420,6 @@ def tune(target: Any, kind: str, head_type: str, drafter_source: Any, source_dir
     run (checked against the profile's). ``min_speedup``: the measured (with ``confirm``) or else predicted speedup
     over plain decoding a drafting setting needs to be chosen; below it the choice is plain decoding
     (:func:`choose`)."""
-    from specgraft.evaluation.report import run_eval
 
     if not prompts:
         raise SpecgraftError("tuning needs calibration prompts; pass --prompts FILE (the prompts you will serve)")
