@@ -127,12 +127,18 @@ def render_recipes_reference() -> str:
     out += ["## `head:` per family", "",
             "`head.type` picks the family; only that family's fields are accepted.", ""]
     for path in sorted(PACKAGE.glob("heads/*/config.py")):
-        for config in read_dataclasses(path).values():
+        classes = read_dataclasses(path)
+        for config in classes.values():
             if config.family is None:
                 continue
             source = path.relative_to(REPO_ROOT).as_posix()
             out += [f"### `head.type: {config.family}` (`{config.name}`)", "",
                     f"{config.doc} Source: `{source}`.", "", *_field_table("head", config.fields), ""]
+            for item in config.fields:  # a family's own nested section (Medusa-2's head.lora)
+                nested = classes.get(item.annotation)
+                if nested is not None and nested.family is None:
+                    out += [f"#### `head.{item.name}:` (`{nested.name}`)", "", nested.doc, "",
+                            *_field_table(f"head.{item.name}", nested.fields), ""]
     return "\n".join(out)
 
 
