@@ -780,7 +780,7 @@ class RecipeTrainer:
 
 class HeadTrainer(RecipeTrainer):
     """:class:`RecipeTrainer` with a :class:`~specgraft.train.step.HeadTrainStep`: train a draft head (Medusa,
-    EAGLE-1/2, EAGLE-3, DFlash; Medusa-2 with ``lora.enabled``) from a recipe."""
+    EAGLE-1/2, EAGLE-3, DFlash; Medusa-2 with ``head.lora.enabled``) from a recipe."""
 
     #: The recipe schema this trainer runs (the CLI reads recipes with it).
     recipe_schema = Recipe

@@ -5,7 +5,7 @@ Loss (after the heads' warm-up)::
     L = w_lm * CE(adapted target, next token) + lambda * L_heads + w_kl * KL(p_base || p_adapted)
 
 where ``p_base`` is the adapter-disabled target (self-distillation, so the target's own outputs do not drift).
-During the first ``lora.head_warmup_steps`` steps only the heads train (the target runs without grad).
+During the first ``head.lora.head_warmup_steps`` steps only the heads train (the target runs without grad).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def apply_lora(target: Target, lora_cfg: Any) -> nn.Module:
     names = available_linear_names(target.model.get_decoder())
     missing = [m for m in lora_cfg.target_modules if m not in names]
     if missing:
-        raise SpecgraftError(f"lora.target_modules {missing} do not exist in {target.identity.architecture}; "
+        raise SpecgraftError(f"head.lora.target_modules {missing} do not exist in {target.identity.architecture}; "
                              f"its linear layers are: {', '.join(names)}")
     peft_cfg = PeftLoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
                               target_modules=list(lora_cfg.target_modules), bias="none", task_type="CAUSAL_LM")
@@ -60,7 +60,7 @@ class Medusa2Step(nn.Module):
         super().__init__()
         if head.head_type != "medusa":
             raise SpecgraftError(f"lora (Medusa-2) needs head.type medusa, got {head.head_type}; "
-                                 "set lora.enabled=false or head.type=medusa")
+                                 "set head.lora.enabled=false or head.type=medusa")
         self.head = head
         self.peft_model = peft_model
         object.__setattr__(self, "_target", target)
