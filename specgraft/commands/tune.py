@@ -1,4 +1,5 @@
-"""``specgraft tune``'s arguments; the command is :func:`specgraft.tuning.tune.run`."""
+"""``specgraft tune``'s arguments; the command is :func:`specgraft.tuning.tune.run` (``--engine llamacpp``:
+:func:`specgraft.tuning.llamacpp.run_tune`)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import argparse
 from pathlib import Path
 
 from specgraft.commands.flags import add_attention_kernel_argument, add_linear_kernel_argument
+from specgraft.commands.profile import add_engine_arguments
 from specgraft.tuning.settings import DEFAULT_MIN_SPEEDUP
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specgraft tune``."""
-    parser.add_argument("--target", required=True, help="target model: a transformers folder or Hub id")
+    parser.add_argument("--target", required=True, help="target model: a transformers folder or Hub id (with "
+                                                        "--engine llamacpp: the target GGUF llama.cpp serves)")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--head", type=Path, help="trained head folder (medusa, eagle, eagle3 or dflash)")
     which.add_argument("--draft", type=Path, help="draft model folder")
@@ -37,10 +40,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="torch CPU threads")
     add_linear_kernel_argument(parser)
     add_attention_kernel_argument(parser)
+    add_engine_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """The command itself, in :mod:`specgraft.tuning.tune` (imported only now: it loads torch)."""
+    if args.engine == "llamacpp":
+        from specgraft.tuning.llamacpp import run_tune
+
+        return run_tune(args)
     from specgraft.tuning.tune import run as tune
 
     return tune(args)
