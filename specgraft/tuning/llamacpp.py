@@ -417,6 +417,28 @@ def read_llamacpp_tuned(folder: str | os.PathLike) -> dict[str, Any] | None:
     return record
 
 
+def tuned_for_target(folder: str | os.PathLike, target_gguf_name: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """The folder's llama.cpp tuned record when it was tuned with this target GGUF (by file name), and warnings."""
+    record = read_llamacpp_tuned(folder)
+    if record is None:
+        return None, []
+    if record.get("target_gguf") != target_gguf_name:
+        return None, [f"{Path(folder) / LLAMACPP_TUNED_NAME} was tuned with {record.get('target_gguf')}, not "
+                      f"{target_gguf_name}; the card keeps the example draft length: re-run `specgraft tune "
+                      "--engine llamacpp` with this target"]
+    return record, []
+
+
+def card_summary(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What an export's card needs of a tuned record."""
+    predictions = record.get("predictions") or []
+    return {"draft_tokens": record["draft_tokens"], "device": record.get("device"),
+            "measured": record.get("measured"), "acceptance_per_position":
+                (record.get("calibration") or {}).get("acceptance_per_position"),
+            "break_even_tau": {str(p["draft_tokens"]): p["break_even_tau"] for p in predictions},
+            "predicted_speedup": {str(p["draft_tokens"]): p["speedup"] for p in predictions}}
+
+
 def tuned_record(profile: LlamacppProfile, acceptance: Sequence[float], predictions: Sequence[Prediction],
                  chosen: Prediction | None, measured: Mapping[str, Any], calibration: Mapping[str, Any],
                  min_speedup: float) -> dict[str, Any]:
@@ -515,9 +537,12 @@ def run_tune(args: argparse.Namespace) -> int:
         record = _tune(args, source, out_dir)
         atomic_write_json(tuned_file, record)
         atomic_write_json(out_dir / LLAMACPP_TUNED_NAME, record)
+        # The export made for measuring, written again now that the card can carry the tuned draft length.
+        export = _export_draft(source, Path(args.target), out_dir / "export").parent
     k = record["draft_tokens"]
-    print(f"wrote {tuned_file}; `specgraft export {source} --format llamacpp --target-gguf {Path(args.target).name}"
-          f"` now writes {'--spec-draft-n-max ' + str(k) if k else 'that speculation does not pay here'} into its card")
+    print(f"wrote {tuned_file} and the tuned llama.cpp export {export}; `specgraft export {source} --format llamacpp "
+          f"--target-gguf {Path(args.target).name}` now writes "
+          f"{'--spec-draft-n-max ' + str(k) if k else 'that speculation does not pay here'} into its card")
     return 0
 
 
