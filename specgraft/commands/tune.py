@@ -18,6 +18,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--head", type=Path, help="trained head folder (medusa, eagle, eagle3 or dflash)")
     which.add_argument("--draft", type=Path, help="draft model folder")
+    which.add_argument("--draft-gguf", type=Path,
+                       help="--engine llamacpp: a `specgraft export --format llamacpp` draft.gguf to tune as it is "
+                            "(the tuned record goes to --out; with --head/--draft it also goes beside the folder and "
+                            "into the export's card)")
     parser.add_argument("--prompts", nargs="*", type=Path, default=[],
                         help="calibration prompt files (the confirming evals run on them too)")
     parser.add_argument("--limit-per-domain", type=int, help="use only the first N prompts of each domain")

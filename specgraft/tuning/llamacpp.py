@@ -526,16 +526,21 @@ def run_tune(args: argparse.Namespace) -> int:
         raise SpecgraftError("tuning needs calibration prompts; pass --prompts FILE (the prompts you will serve)")
     if not args.min_speedup > 0:
         raise SpecgraftError(f"--min-speedup must be positive, got {args.min_speedup}")
-    source = args.head if args.head is not None else args.draft
-    source = Path(source)
+    folder = args.head if args.head is not None else args.draft
+    source = Path(folder) if folder is not None else None
+    if source is None and args.out is None:
+        raise SpecgraftError("tune --engine llamacpp --draft-gguf needs --out DIR for the tuned record")
     out_dir = Path(args.out) if args.out is not None else source / "tune-llamacpp"
-    tuned_file = source / LLAMACPP_TUNED_NAME
-    inputs = [args.target, *args.prompts, args.cost_profile]
+    tuned_file = (source if source is not None else out_dir) / LLAMACPP_TUNED_NAME
+    inputs = [args.target, *args.prompts, args.cost_profile, args.draft_gguf]
     with output_lock(out_dir, "`specgraft tune --engine llamacpp`"), \
             writing_output(tuned_file, "tune", overwrite=args.overwrite, inputs=inputs, file=True,
                            flag=LLAMACPP_TUNED_NAME):
         record = _tune(args, source, out_dir)
         atomic_write_json(tuned_file, record)
+        if source is None:
+            print(f"wrote {tuned_file}")
+            return 0
         atomic_write_json(out_dir / LLAMACPP_TUNED_NAME, record)
         # The export made for measuring, written again now that the card can carry the tuned draft length.
         export = _export_draft(source, Path(args.target), out_dir / "export").parent
@@ -546,13 +551,13 @@ def run_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tune(args: argparse.Namespace, source: Path, out_dir: Path) -> dict[str, Any]:
+def _tune(args: argparse.Namespace, source: Path | None, out_dir: Path) -> dict[str, Any]:
     from specgraft.evaluation.prompts import load_prompts
 
     target = Path(args.target)
     threads = args.threads or 1
     prompts = load_prompts(args.prompts, limit_per_domain=args.limit_per_domain)
-    draft = _export_draft(source, target, out_dir / "export")
+    draft = Path(args.draft_gguf) if source is None else _export_draft(source, target, out_dir / "export")
     check_draft_for_target(draft, target)
     ids = engine_prompts(target, [p.turns[0] for p in prompts], threads)
     if args.cost_profile is not None:
