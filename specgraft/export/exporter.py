@@ -381,7 +381,9 @@ def export_head(
         }
         if llamacpp_target is not None:
             export_meta["llamacpp"] = {"target_gguf": llamacpp_target.path.name, "draft_file": weights_name,
-                                       "draft_tokens": speculative_tokens, "tuned": llamacpp_tuned}
+                                       "draft_tokens": speculative_tokens}
+            if llamacpp_tuned is not None:
+                export_meta["llamacpp"]["tuned"] = llamacpp_tuned
         (tmp / EXPORT_META_NAME).write_text(json.dumps(export_meta, indent=2, default=str) + "\n", encoding="utf-8")
         files.append(EXPORT_META_NAME)
         (tmp / CARD_NAME).write_text(card_from_export_meta(export_meta, repo_id, local_path=final), encoding="utf-8")
@@ -427,7 +429,9 @@ def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: s
     n = int(speculative_tokens or DEFAULT_SPECULATIVE_TOKENS)
     export_meta = {"specgraft_export_version": EXPORT_VERSION, "format": "llamacpp", "head_type": "draft_model",
                    "draft": meta, "llamacpp": {"target_gguf": target.path.name, "draft_file": DRAFT_FILE,
-                                               "draft_tokens": n, "tuned": tuned}}
+                                               "draft_tokens": n}}
+    if tuned is not None:
+        export_meta["llamacpp"]["tuned"] = tuned
     card = "\n".join([
         f"# Distilled draft model for {recorded.name_or_path} (llama.cpp GGUF)", "",
         f"A {model.config.num_hidden_layers}-layer draft model distilled by specgraft; it carries the tokenizer of "
