@@ -15,9 +15,14 @@
   the full length). Not specgraft's own eval: the engine serves a GGUF target (often quantized) with ggml kernels,
   and what it accepts is what the speed depends on. A greedy chain's first ``k`` draft tokens do not depend on the
   draft length, so ``tau(K) = 1 + sum_{i<K} a_i`` predicts every shorter length from that one run.
-* **Prediction**: ``tokens/s(K) = tau(K) / step(K)`` against ``1 / plain``; the fastest ``K`` is chosen, or plain
-  decoding when none beats plain by ``--min-speedup``. ``step(K) / plain`` is the **break-even acceptance length**
-  of ``K``: the tau at which it only matches plain decoding.
+  The calibration run serves plain decoding beside it, which also calibrates the step cost: real prompts accept more
+  than the profile's random one, and each accepted token costs the engine a little more per step, so the
+  calibration step's cost in plain tokens minus the profile's at the same length (never below 0: a negative
+  difference is timing noise) is added to every length's step.
+* **Prediction**: ``speedup(K) = tau(K) / (step(K) / plain)``, step and plain in the same run (a ratio, so a busy
+  machine's drift cancels); the fastest ``K`` is chosen, or plain decoding when none beats plain by
+  ``--min-speedup``. ``step(K) / plain`` is the **break-even acceptance length** of ``K``: the tau at which it
+  only matches plain decoding.
 * **Confirmation**: plain decoding and the chosen ``K`` (when plain is chosen: the predicted best ``K``, to show
   that it does not pay) served side by side, the prompts interleaved, the measured speeds next to the predicted.
 
@@ -185,18 +190,40 @@ def expected_tau(acceptance_per_position: Sequence[float], k: int) -> float:
     return 1.0 + float(sum(acceptance_per_position[:k]))
 
 
-def predict(profile: LlamacppProfile, acceptance_per_position: Sequence[float]) -> list[Prediction]:
-    """Predicted speed of every profiled draft length (ascending K)."""
-    plain_rate = 1000.0 / profile.plain_ms
+def predict(profile: LlamacppProfile, acceptance_per_position: Sequence[float], step_offset: float = 0.0,
+            plain_ms: float | None = None) -> list[Prediction]:
+    """Predicted speed of every profiled draft length (ascending K).
+
+    A step costs ``profile.step_ms[K] / profile.plain_ms + step_offset`` plain tokens (the offset: what the
+    calibration run's steps cost beyond the profile's, see :func:`step_offset_of`); ``plain_ms``: plain decoding's
+    milliseconds per token on the prompts (default: the profile's)."""
+    plain_ms = profile.plain_ms if plain_ms is None else plain_ms
     out = []
     for k in sorted(profile.step_ms):
         if k > len(acceptance_per_position):
             continue
         tau = expected_tau(acceptance_per_position, k)
-        rate = 1000.0 * tau / profile.step_ms[k]
-        out.append(Prediction(k, round(tau, 4), round(profile.step_ms[k], 4), round(rate, 3),
-                              round(rate / plain_rate, 4), round(profile.break_even_tau(k), 4)))
+        step_in_plain_tokens = profile.break_even_tau(k) + step_offset
+        speedup = tau / step_in_plain_tokens
+        out.append(Prediction(k, round(tau, 4), round(step_in_plain_tokens * plain_ms, 4),
+                              round(1000.0 * speedup / plain_ms, 3), round(speedup, 4),
+                              round(step_in_plain_tokens, 4)))
     return out
+
+
+def step_offset_of(profile: LlamacppProfile, calibration: EngineTotals, plain: EngineTotals) -> tuple[float, float]:
+    """(step offset in plain tokens, plain milliseconds per token) from the calibration run on the prompts: its
+    speculative step at the longest draft length, in plain tokens of the plain run beside it, minus the profile's.
+    The profile's random prompt is drafted and accepted rarely; real prompts accept more, and each accepted token
+    costs the engine a little more work per step (the draft's pass over the accepted rows, their sampling). Measured
+    as a ratio to plain decoding in the same run, so a machine's load drifts out; never below 0."""
+    n = max(profile.step_ms)
+    plain_ms = plain.decode_ms / max(plain.tokens, 1)
+    if calibration.steps == 0:
+        return 0.0, plain_ms
+    step_ms = (calibration.decode_ms - calibration.plain_tokens * plain_ms) / calibration.steps
+    # One-sided: accepting more never makes a step cheaper, so a negative difference is timing noise.
+    return max(0.0, step_ms / plain_ms - profile.break_even_tau(n)), plain_ms
 
 
 def choose(predictions: Sequence[Prediction], min_speedup: float = 1.0) -> Prediction | None:
@@ -575,15 +602,18 @@ def _tune(args: argparse.Namespace, source: Path | None, out_dir: Path) -> dict[
         profile.save(out_dir / "llamacpp_profile.json")
     print_profile(profile)
     n = max(profile.step_ms)
-    print(f"calibrating acceptance in llama.cpp at draft length {n} on {len(ids)} prompt(s)")
-    calib, _ = run_interleaved(target, {f"k{n}": (spec_flags(draft, profile.spec_type, n), n)}, ids,
-                               new_tokens_of(args), threads)
+    print(f"calibrating acceptance in llama.cpp at draft length {n} (beside plain decoding) on {len(ids)} prompt(s)")
+    calib, _ = run_interleaved(target, {"plain": ([], 0), f"k{n}": (spec_flags(draft, profile.spec_type, n), n)},
+                               ids, new_tokens_of(args), threads)
     calibration = calib[f"k{n}"]
     acceptance = calibration.acceptance_per_position()
     if not acceptance:
         raise SpecgraftError(f"llama.cpp drafted no full-length ({n}) chain on the calibration prompts; use longer "
                              "--new-tokens")
-    predictions = predict(profile, acceptance)
+    offset, plain_ms = step_offset_of(profile, calibration, calib["plain"])
+    predictions = predict(profile, acceptance, offset, plain_ms)
+    print(f"the calibration run's steps cost {offset:+.3f} plain tokens beyond the profile's at draft length {n}; "
+          f"plain decoding {plain_ms:.3f} ms/token on the prompts")
     chosen = choose(predictions, args.min_speedup)
     best = max(predictions, key=lambda p: p.tokens_per_s)
     confirm_k = (chosen or best).draft_tokens
@@ -599,7 +629,7 @@ def _tune(args: argparse.Namespace, source: Path | None, out_dir: Path) -> dict[
             "plain_tokens_per_s": round(plain.tokens_per_s, 3), "tokens_per_s": round(spec.tokens_per_s, 3),
             "speedup": round(spec.tokens_per_s / plain.tokens_per_s, 4),
             "tau": round(spec.tokens / max(spec.tokens - spec.accepted, 1), 4),
-            "predicted_plain_tokens_per_s": round(1000.0 / profile.plain_ms, 3),
+            "predicted_plain_tokens_per_s": round(1000.0 / plain_ms, 3),
             "predicted_tokens_per_s": predicted.tokens_per_s, "predicted_speedup": predicted.speedup,
             "identical_to_plain": f"{sum(a == b for a, b in zip(outputs['plain'], outputs[f'k{confirm_k}']))}/"
                                   f"{len(ids)}",
@@ -611,6 +641,7 @@ def _tune(args: argparse.Namespace, source: Path | None, out_dir: Path) -> dict[
                   f"{predicted.speedup:.2f}x was predicted: re-run on a quieter machine or with more prompts")
     calibration_info = {"source": "llama.cpp's own per-step acceptance counters", "draft_tokens": n,
                         "prompts": len(ids), "full_length_steps": calibration.full_steps,
+                        "plain_ms": round(plain_ms, 4), "step_offset_plain_tokens": round(offset, 4),
                         "tau": round(calibration.tokens / max(calibration.tokens - calibration.accepted, 1), 4)}
     record = tuned_record(profile, acceptance, predictions, chosen, measured, calibration_info, args.min_speedup)
     print_tune(record, predictions, chosen, acceptance)

@@ -23,6 +23,7 @@ from specgraft.tuning.llamacpp import (
     does_not_pay,
     expected_tau,
     predict,
+    step_offset_of,
     tuned_record,
 )
 
@@ -61,6 +62,26 @@ def test_speculation_that_does_not_pay_names_the_break_even_acceptance_length():
     assert choose(predictions) is None
     why = does_not_pay(predictions, acceptance)
     assert "K=1" in why and "1.20" in why and "1.40" in why  # yields tau 1.2, needs 14 / 10 = 1.4
+
+
+def test_the_calibration_runs_step_cost_shifts_every_length():
+    """The calibration run at K=5 measures a step of 2.9 plain tokens where the profile had 2.6: every length's step
+    is charged the 0.3 plain tokens more, and speeds are in the calibration run's plain speed."""
+    calibration, plain = EngineTotals(), EngineTotals()
+    plain.add({"predicted_n": 64, "predicted_ms": 64 * 12.0}, [], 0)
+    steps = [(2, 5)] * 21  # 21 steps of 3 tokens, plus the prompt pass's token: 64 tokens, no plain step
+    calibration.add({"predicted_n": 64, "predicted_ms": 21 * 2.9 * 12.0}, steps, 5)
+    offset, plain_ms = step_offset_of(profile(), calibration, plain)
+    assert plain_ms == pytest.approx(12.0) and offset == pytest.approx(0.3)
+    acceptance = [0.7, 0.5, 0.35, 0.2, 0.1]
+    by_k = {p.draft_tokens: p for p in predict(profile(), acceptance, offset, plain_ms)}
+    assert by_k[2].break_even_tau == pytest.approx(1.7 + 0.3)
+    assert by_k[2].speedup == pytest.approx(2.2 / 2.0, rel=1e-3)
+    assert by_k[2].tokens_per_s == pytest.approx(1000 * 2.2 / (2.0 * 12.0), rel=1e-3)
+    # A calibration step cheaper than the profile's is noise: no negative offset.
+    cheap = EngineTotals()
+    cheap.add({"predicted_n": 64, "predicted_ms": 21 * 2.0 * 12.0}, steps, 5)
+    assert step_offset_of(profile(), cheap, plain)[0] == 0.0
 
 
 def test_lengths_past_the_calibration_are_not_predicted():
