@@ -235,10 +235,14 @@ def choose(predictions: Sequence[Prediction], min_speedup: float = 1.0) -> Predi
 def does_not_pay(predictions: Sequence[Prediction], acceptance_per_position: Sequence[float]) -> str:
     """Why no draft length pays: each length's acceptance vs the acceptance length it would need."""
     best = min(predictions, key=lambda p: p.break_even_tau - p.tau)
-    return (f"speculation does not pay in llama.cpp here: at every draft length a step costs more than the tokens "
-            f"it yields (closest: K={best.draft_tokens} yields tau {best.tau:.2f} tokens per step but needs "
-            f"{best.break_even_tau:.2f} to match plain decoding, a step costing {best.break_even_tau:.2f} plain "
-            f"tokens); measured acceptance per position {[round(a, 3) for a in acceptance_per_position]}")
+    why = (f"speculation does not pay in llama.cpp here: at every draft length a step costs more than the tokens "
+           f"it yields (closest: K={best.draft_tokens} yields tau {best.tau:.2f} tokens per step but needs "
+           f"{best.break_even_tau:.2f} to match plain decoding, a step costing {best.break_even_tau:.2f} plain "
+           f"tokens); measured acceptance per position {[round(a, 3) for a in acceptance_per_position]}")
+    if all(p.break_even_tau >= p.draft_tokens + 1 for p in predictions):
+        why += ("; a step of K drafts costs more than K + 1 plain tokens at every K, so even a draft accepted every "
+                "time would not pay: verifying several rows at once is no cheaper per row than decoding them here")
+    return why
 
 
 # -- checks -----------------------------------------------------------------------------------------------------------

@@ -27,12 +27,18 @@ from specgraft.tuning.llamacpp import (
     tuned_record,
 )
 
-#: Step costs recorded from llama.cpp serving SmolLM2-135M (Q4_1) with an EAGLE-3 draft on 2 CPU threads: a
-#: speculative step costs about 1.4-2.6 plain tokens.
-RECORDED = dict(target_gguf="SmolLM2-135M-Instruct.Q4_1.gguf", draft_gguf="draft.gguf", spec_type="draft-eagle3",
-                threads=2, cpu="test-cpu", prompt_tokens=100, new_tokens=64, rounds=3, plain_ms=10.0,
-                step_ms={1: 14.0, 2: 17.0, 3: 20.0, 4: 23.0, 5: 26.0},
-                draft_ms={1: 2.0, 2: 4.0, 3: 6.0, 4: 8.0, 5: 10.0})
+#: Synthetic costs of a machine where verifying K + 1 rows is cheap (a step costs 1.4-2.6 plain tokens).
+CHEAP_VERIFY = dict(target_gguf="target.gguf", draft_gguf="draft.gguf", spec_type="draft-eagle3", threads=2,
+                    cpu="test-cpu", prompt_tokens=100, new_tokens=64, rounds=3, plain_ms=10.0,
+                    step_ms={1: 14.0, 2: 17.0, 3: 20.0, 4: 23.0, 5: 26.0},
+                    draft_ms={1: 2.0, 2: 4.0, 3: 6.0, 4: 8.0, 5: 10.0})
+#: Costs recorded by `specgraft profile --engine llamacpp` for SmolLM2-135M-Instruct (Q4_1) with an EAGLE-3 draft
+#: of the shipped recipe's shape, 1 thread of a shared 2-core CPU, KV ~160: a step of K drafts costs more than
+#: K + 1 plain tokens.
+SMOLLM2_1_THREAD = dict(CHEAP_VERIFY, target_gguf="SmolLM2-135M-Instruct.Q4_1.gguf", threads=1, plain_ms=17.567,
+                        step_ms={1: 47.442, 2: 67.966, 3: 84.797, 4: 112.590, 5: 119.910},
+                        draft_ms={1: 3.808, 2: 9.158, 3: 14.358, 4: 18.164, 5: 22.963})
+RECORDED = CHEAP_VERIFY
 
 
 def profile() -> LlamacppProfile:
@@ -82,6 +88,18 @@ def test_the_calibration_runs_step_cost_shifts_every_length():
     cheap = EngineTotals()
     cheap.add({"predicted_n": 64, "predicted_ms": 21 * 2.0 * 12.0}, steps, 5)
     assert step_offset_of(profile(), cheap, plain)[0] == 0.0
+
+
+def test_where_a_step_costs_more_than_k_plus_1_tokens_even_perfect_acceptance_does_not_pay():
+    smollm2 = LlamacppProfile(**SMOLLM2_1_THREAD)
+    perfect = [1.0] * 5
+    predictions = predict(smollm2, perfect)
+    assert choose(predictions) is None
+    assert [p.tau for p in predictions] == [2, 3, 4, 5, 6]
+    assert predictions[0].break_even_tau == pytest.approx(47.442 / 17.567, rel=1e-3)
+    why = does_not_pay(predictions, perfect)
+    assert "even a draft accepted every time would not pay" in why
+    assert "would not pay" not in does_not_pay(predict(profile(), [0.2, 0.05, 0, 0, 0]), [0.2, 0.05, 0, 0, 0])
 
 
 def test_lengths_past_the_calibration_are_not_predicted():
