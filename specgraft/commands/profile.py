@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                         help="model dtype (default: float32 on CPU, bfloat16 on GPU)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int,
+                        help="torch CPU threads (default: torch's choice); --engine llamacpp: llama.cpp's -t (1)")
     add_linear_kernel_argument(parser)
     add_attention_kernel_argument(parser)
     add_engine_arguments(parser)

@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing tuned.json")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available, else cpu)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="model dtype")
-    parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (--engine llamacpp: llama.cpp's -t, default 1)")
     add_linear_kernel_argument(parser)
     add_attention_kernel_argument(parser)
     add_engine_arguments(parser)
