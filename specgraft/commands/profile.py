@@ -62,6 +62,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The command itself, in :mod:`specgraft.tuning.cost` (imported only now: it loads torch)."""
+    if args.engine != "llamacpp" and args.draft_gguf is not None:
+        from specgraft.errors import SpecgraftError
+
+        raise SpecgraftError("--draft-gguf is a llama.cpp draft: add --engine llamacpp (specgraft's decoder takes "
+                             "--head/--draft folders)")
     if args.engine == "llamacpp":
         from specgraft.tuning.llamacpp import run_profile
 

@@ -499,6 +499,9 @@ def check_engine_args(args: argparse.Namespace, command: str) -> None:
     """The flags ``--engine llamacpp`` needs, refused in one line each."""
     from specgraft.export.llamacpp_engine import llamacpp_bin
 
+    if getattr(args, "calibration", None) is not None:
+        raise SpecgraftError("--calibration takes a specgraft eval report, but --engine llamacpp calibrates acceptance "
+                             "in llama.cpp itself (the engine's own counters on --prompts): leave it out")
     target = Path(args.target)
     if target.suffix != ".gguf" or not target.is_file():
         raise SpecgraftError(f"--engine llamacpp serves a GGUF target: pass --target TARGET.gguf (got {args.target})")

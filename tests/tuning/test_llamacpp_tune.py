@@ -206,4 +206,9 @@ def test_bad_engine_inputs_are_one_error_line(tmp_path, monkeypatch, capsys):
                  "--prompts", str(target)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "TARGET.gguf" in err[0]
+    assert main(["profile", "--target", str(target), "--draft-gguf", str(draft), "--out", str(out)]) == 2
+    assert "add --engine llamacpp" in capsys.readouterr().err
+    assert main(["tune", "--engine", "llamacpp", "--target", str(target), "--draft-gguf", str(draft), "--prompts",
+                 str(target), "--calibration", str(target), "--out", str(tmp_path / "t")]) == 2
+    assert "calibrates acceptance in llama.cpp itself" in capsys.readouterr().err
     assert not out.exists()
