@@ -222,6 +222,37 @@ def llamacpp_serve_lines(target: str, draft: str, spec_type: str, draft_tokens: 
             f"  --spec-draft-n-max {draft_tokens} --spec-draft-p-min 0", "```"]
 
 
+def llamacpp_tuned_lines(tuned: Mapping[str, Any] | None) -> list[str]:
+    """Where the llama.cpp draft length comes from: ``specgraft tune --engine llamacpp`` (measured in llama.cpp), or
+    an example when the folder was never tuned for llama.cpp."""
+    if not tuned:
+        return [f"The draft length below is an example ({EXAMPLE_DRAFT_TOKENS}); `specgraft tune --engine llamacpp` "
+                "chooses it in llama.cpp on your machine.", ""]
+    device = tuned.get("device") or {}
+    where = f"{device.get('cpu')}, {device.get('threads')} thread(s)"
+    measured = tuned.get("measured") or {}
+    k = int(tuned.get("draft_tokens") or 0)
+    acceptance = tuned.get("acceptance_per_position")
+    if k == 0:
+        evens = tuned.get("break_even_tau") or {}
+        least = min(evens.items(), key=lambda kv: kv[1], default=None)
+        line = (f"`specgraft tune --engine llamacpp` found that speculation does not pay in llama.cpp on {where}: "
+                f"llama.cpp accepted {acceptance} per draft position")
+        if least is not None:
+            line += (f", while even the cheapest draft length ({least[0]}) needs an acceptance length of "
+                     f"{float(least[1]):.2f} tokens per step to match plain decoding")
+        if measured.get("speedup") is not None:
+            line += f" (measured {measured['speedup']:.2f}x at draft length {measured.get('draft_tokens')})"
+        return [line + ". The command below uses the example draft length; a faster device or a head that "
+                "accepts more changes the answer.", ""]
+    line = (f"Draft length {k} was chosen in llama.cpp by `specgraft tune --engine llamacpp` on {where} "
+            f"(predicted {float((tuned.get('predicted_speedup') or {}).get(str(k), 0)):.2f}x plain decoding")
+    if measured.get("speedup") is not None:
+        line += (f"; measured {measured['speedup']:.2f}x: {measured.get('tokens_per_s')} vs "
+                 f"{measured.get('plain_tokens_per_s')} tokens/s")
+    return [line + "). Another machine has other costs: re-run it there.", ""]
+
+
 def _llamacpp_lines(meta: Mapping[str, Any], text: Any, fmt: str, where: str) -> list[str]:
     """The llama.cpp serve command (``llama-server -md``) of a family llama.cpp serves."""
     spec_type = text.llamacpp_spec_type if text is not None else None
@@ -237,7 +268,8 @@ def _llamacpp_lines(meta: Mapping[str, Any], text: Any, fmt: str, where: str) ->
     n = int(info.get("draft_tokens") or EXAMPLE_DRAFT_TOKENS)
     target = info.get("target_gguf") or "TARGET.gguf"
     draft = f"{where}/{info.get('draft_file', 'draft.gguf')}"
-    return lines + ["Serve with the target GGUF this draft was exported for "
+    return lines + llamacpp_tuned_lines(info.get("tuned")) + [
+                    "Serve with the target GGUF this draft was exported for "
                     f"(`{target}`, whose tokenizer it carries):", "",
                     *llamacpp_serve_lines(target, draft, spec_type, n), "",
                     "`--spec-draft-n-max` is the draft length (chain); `--spec-draft-p-min 0` drafts the full length "

@@ -38,7 +38,13 @@ from specgraft.evaluation.report_reader import (
     report_problem,
     same_path,
 )
-from specgraft.export.card import HUB_REPO_ID, is_hub_id, llamacpp_serve_lines, render_model_card
+from specgraft.export.card import (
+    HUB_REPO_ID,
+    is_hub_id,
+    llamacpp_serve_lines,
+    llamacpp_tuned_lines,
+    render_model_card,
+)
 from specgraft.export.convert import (
     DEFAULT_SPECULATIVE_TOKENS,
     apply_tuned,
@@ -305,6 +311,7 @@ def export_head(
         raise SpecgraftError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_NAMES)}")
     tuned = read_tuned(head_dir)
     engines = tuned_engine_settings(tuned) if tuned is not None else {}
+    explicit_tokens = speculative_tokens
     if speculative_tokens is None:
         speculative_tokens = (engines.get("vllm", {}).get("num_speculative_tokens", DEFAULT_SPECULATIVE_TOKENS))
     if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) \
@@ -330,6 +337,12 @@ def export_head(
     container = engine_exporter(head_type, fmt).container if fmt != "native" else None
     llamacpp_target, llamacpp_notes = (_llamacpp_target(target_gguf, meta, info) if container == "gguf"
                                        else (None, []))
+    llamacpp_tuned = None
+    if llamacpp_target is not None:
+        llamacpp_tuned, tuned_warnings = _llamacpp_tuned(head_dir, llamacpp_target.path.name)
+        warnings += tuned_warnings
+        if llamacpp_tuned is not None and explicit_tokens is None and llamacpp_tuned["draft_tokens"] > 0:
+            speculative_tokens = int(llamacpp_tuned["draft_tokens"])  # chosen in llama.cpp itself
     local_warning = local_base_model_warning(base) if fmt not in ("native", "llamacpp") else None
     if local_warning is not None:
         warnings.append(local_warning)
@@ -391,6 +404,8 @@ def export_head(
         if llamacpp_target is not None:
             export_meta["llamacpp"] = {"target_gguf": llamacpp_target.path.name, "draft_file": weights_name,
                                        "draft_tokens": speculative_tokens}
+            if llamacpp_tuned is not None:
+                export_meta["llamacpp"]["tuned"] = llamacpp_tuned
         (tmp / EXPORT_META_NAME).write_text(json.dumps(export_meta, indent=2, default=str) + "\n", encoding="utf-8")
         files.append(EXPORT_META_NAME)
         (tmp / CARD_NAME).write_text(card_from_export_meta(export_meta, repo_id, local_path=final), encoding="utf-8")
@@ -427,14 +442,20 @@ def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: s
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     notes = check_gguf_tokens(target, [str(t) for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))])
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    tuned, warnings = _llamacpp_tuned(folder, target.path.name)
+    if speculative_tokens is None and tuned is not None and tuned["draft_tokens"] > 0:
+        speculative_tokens = int(tuned["draft_tokens"])  # chosen in llama.cpp itself
     n = int(speculative_tokens or DEFAULT_SPECULATIVE_TOKENS)
     export_meta = {"specgraft_export_version": EXPORT_VERSION, "format": "llamacpp", "head_type": DRAFT_MODEL_KIND,
                    "draft": meta, "llamacpp": {"target_gguf": target.path.name, "draft_file": DRAFT_FILE,
                                                "draft_tokens": n}}
+    if tuned is not None:
+        export_meta["llamacpp"]["tuned"] = tuned
     card = "\n".join([
         f"# Distilled draft model for {recorded.name_or_path} (llama.cpp GGUF)", "",
         f"A {model.config.num_hidden_layers}-layer draft model distilled by specgraft; it carries the tokenizer of "
         f"`{target.path.name}`, so llama.cpp accepts it as that target's draft.", "",
+        *llamacpp_tuned_lines(tuned),
         *llamacpp_serve_lines(target.path.name, f"{out}/{DRAFT_FILE}", "draft-simple", n), ""])
     files = [DRAFT_FILE, EXPORT_META_NAME, CARD_NAME]
     with writing_output(out, "export", overwrite=overwrite, inputs=inputs), atomic_path(out) as tmp:
@@ -443,7 +464,17 @@ def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: s
         (tmp / EXPORT_META_NAME).write_text(json.dumps(export_meta, indent=2, default=str) + "\n", encoding="utf-8")
         (tmp / CARD_NAME).write_text(card, encoding="utf-8")
         write_manifest(tmp, files, "export")  # what `push` uploads, and nothing else
-    return ExportResult(out, "llamacpp", DRAFT_MODEL_KIND, sorted(files), notes=notes)
+    for message in warnings:
+        logger.warning("%s", message)
+    return ExportResult(out, "llamacpp", DRAFT_MODEL_KIND, sorted(files), warnings, notes)
+
+
+def _llamacpp_tuned(folder: Path, target_gguf_name: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """The card's summary of ``specgraft tune --engine llamacpp`` for this target GGUF (None: never tuned for it)."""
+    from specgraft.tuning.llamacpp import card_summary, tuned_for_target
+
+    record, warnings = tuned_for_target(folder, target_gguf_name)
+    return (card_summary(record) if record is not None else None), warnings
 
 
 def _target_gguf_path(target_gguf: str | Path | None, recorded: str) -> str | Path:

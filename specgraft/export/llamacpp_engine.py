@@ -80,6 +80,8 @@ class Completion:
     timings: dict[str, Any]
     steps: list[tuple[int, int]]
     """(accepted, drafted) per verification step, from the server's log."""
+    log: str = ""
+    """The server's log lines of this request."""
 
     @property
     def drafted(self) -> int:
@@ -173,6 +175,13 @@ class LlamaServer:
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def post(self, route: str, body: dict[str, Any]) -> Any:
+        """POST ``body`` as JSON to ``route`` (``/tokenize``, ``/apply-template``, ...); the decoded answer."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{route}", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            return json.loads(response.read())
+
     def complete(self, prompt_ids: Sequence[int], n_predict: int, ignore_eos: bool = True) -> Completion:
         """Greedy generation of ``n_predict`` tokens after the token-id prompt (no prompt cache; with
         ``ignore_eos`` the length is exactly ``n_predict``, as specgraft's ``ignore_eos`` decoding)."""
@@ -180,10 +189,8 @@ class LlamaServer:
         body = {"prompt": [int(t) for t in prompt_ids], "n_predict": int(n_predict), "temperature": 0.0,
                 "top_k": 1, "cache_prompt": False, "return_tokens": True, "stream": False,
                 "ignore_eos": bool(ignore_eos)}
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-            answer = json.loads(response.read())
+        answer = self.post("/completion", body)
         time.sleep(0.05)  # the slot's log lines are written before the answer; let the pipe reach the file
-        steps = [(int(a), int(d)) for a, d in _STEP.findall(self._new_log())]
-        return Completion([int(t) for t in answer.get("tokens", [])], dict(answer.get("timings") or {}), steps)
+        log = self._new_log()
+        steps = [(int(a), int(d)) for a, d in _STEP.findall(log)]
+        return Completion([int(t) for t in answer.get("tokens", [])], dict(answer.get("timings") or {}), steps, log)

@@ -8,3 +8,8 @@ DEFAULT_REPEATS = 5
 #: Default of ``specgraft tune --min-speedup``: a drafting setting is kept only when it is at least this fast
 #: relative to plain decoding.
 DEFAULT_MIN_SPEEDUP = 1.0
+#: ``--engine llamacpp``: the longest draft length measured, tokens per request, and requests per configuration
+#: when measuring the engine's costs.
+LLAMACPP_MAX_DRAFT = 5
+LLAMACPP_NEW_TOKENS = 64
+LLAMACPP_ROUNDS = 3
