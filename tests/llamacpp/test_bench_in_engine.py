@@ -48,7 +48,7 @@ def test_interleaved_targets_and_drafts_are_lossless_and_counted(bench, llamacpp
             assert run["output"] == reference["output"], config.name  # lossless in the engine, per target
             assert len(run["output"]) == NEW_TOKENS
             assert sum(run["accepted_per_pos"]) == run["accepted"], config.name  # the counters agree
-            assert run["cpu_s"] > 0
+            assert run["tokens"] == NEW_TOKENS  # the engine's own count
     results, per_domain = bench.aggregate(configs, rows)
     assert set(per_domain) == {"story0", "story1"}
     for target in targets:
