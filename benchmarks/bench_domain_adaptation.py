@@ -60,10 +60,12 @@ def code_conversations(humaneval: Path, limit: int) -> list[dict[str, Any]]:
 
 
 def eval_command(head: Path, target: Path, out: Path, args: argparse.Namespace) -> list[str]:
-    """The one eval both heads get (only the head and the output folder differ)."""
+    """The one eval both heads get (only the head and the output folder differ). tau is what is compared: the stock
+    kernels spare the eval its second plain-decoding run (the one under faster kernels, for the speedup)."""
     return specgraft("eval", "--target", str(target), "--head", str(head), "--prompts", str(args.questions),
                      "--limit-per-domain", str(args.limit_per_domain), "--max-new-tokens", str(args.max_new_tokens),
-                     "--dtype", args.dtype, "--threads", str(args.threads), "--no-progress", "--out", str(out))
+                     "--dtype", args.dtype, "--attention-kernel", "stock", "--linear-kernel", "stock",
+                     "--threads", str(args.threads), "--no-progress", "--out", str(out))
 
 
 def adapt_command(args: argparse.Namespace, out: Path) -> list[str]:
