@@ -65,6 +65,7 @@ def eval_command(head: Path, target: Path, out: Path, args: argparse.Namespace) 
     return specgraft("eval", "--target", str(target), "--head", str(head), "--prompts", str(args.questions),
                      "--limit-per-domain", str(args.limit_per_domain), "--max-new-tokens", str(args.max_new_tokens),
                      "--dtype", args.dtype, "--attention-kernel", "stock", "--linear-kernel", "stock",
+                     *(["--mode", "chain", "--k", str(args.chain)] if args.chain else []),
                      "--threads", str(args.threads), "--no-progress", "--out", str(out))
 
 
@@ -166,6 +167,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--limit-per-domain", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--chain", type=int, default=0,
+                        help="Evaluate a chain of this many drafts (default 0: the head's default tree, which costs "
+                             "far more per step on a CPU).")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", type=Path, help="Folder of the stages' outputs (resumable).")
     add_result_arguments(parser, "domain_adaptation")
