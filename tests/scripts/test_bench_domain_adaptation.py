@@ -47,6 +47,9 @@ def test_adapt_command_warm_starts_with_replay_and_the_budget(tmp_path):
     after = bench.eval_command(Path("h2"), Path("t"), tmp_path / "b", args)
     differ = [(x, y) for x, y in zip(before, after) if x != y]
     assert differ == [("h", "h2"), (str(tmp_path / "a"), str(tmp_path / "b"))]  # identical eval settings
+    assert "--mode" not in before  # the head's default setting
+    chained = bench.eval_command(Path("h"), Path("t"), tmp_path / "a", bench.parse_args(["--chain", "3"]))
+    assert chained[chained.index("--mode"):chained.index("--mode") + 4] == ["--mode", "chain", "--k", "3"]
 
 
 def test_domain_table_change_and_noise():
