@@ -338,9 +338,11 @@ def export_head(
             if llamacpp_target is not None:
                 from specgraft.export.llamacpp import write_gguf
 
+                # The draft's own tokenizer keys (DFlash's mask token) replace the target's.
+                tokenizer = [f for f in llamacpp_target.tokenizer_fields if f[0] not in ckpt.config]
                 write_gguf(tmp / weights_name, _gguf_arch(ckpt.config), {"general.name": f"{base} {head_type} draft",
                                                                        **ckpt.config},
-                           ckpt.tensors, llamacpp_target.tokenizer_fields)
+                           ckpt.tensors, tokenizer)
                 files.append(weights_name)
             else:
                 save_file({k: v.contiguous() for k, v in ckpt.tensors.items()}, str(tmp / weights_name),
