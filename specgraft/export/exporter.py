@@ -283,6 +283,7 @@ def export_head(
         raise SpecgraftError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_NAMES)}")
     tuned = read_tuned(head_dir)
     engines = tuned_engine_settings(tuned) if tuned is not None else {}
+    tokens_given = speculative_tokens is not None
     if speculative_tokens is None:
         speculative_tokens = (engines.get("vllm", {}).get("num_speculative_tokens", DEFAULT_SPECULATIVE_TOKENS))
     if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) \
@@ -369,8 +370,12 @@ def export_head(
                        "speculative_tokens": speculative_tokens} if tuned is not None else None),
         }
         if llamacpp_target is not None:
+            # A block drafter (DFlash) runs a block of draft_tokens + 1 slots in llama.cpp: unless asked otherwise,
+            # the block it was trained on.
+            block = ckpt.config.get(f"{_gguf_arch(ckpt.config)}.block_size")
+            draft_tokens = int(block) - 1 if block is not None and not tokens_given else speculative_tokens
             export_meta["llamacpp"] = {"target_gguf": llamacpp_target.path.name, "draft_file": weights_name,
-                                       "draft_tokens": speculative_tokens}
+                                       "draft_tokens": draft_tokens}
         (tmp / EXPORT_META_NAME).write_text(json.dumps(export_meta, indent=2, default=str) + "\n", encoding="utf-8")
         files.append(EXPORT_META_NAME)
         (tmp / CARD_NAME).write_text(card_from_export_meta(export_meta, repo_id, local_path=final), encoding="utf-8")

@@ -227,7 +227,7 @@ def test_dflash_gguf_holds_what_llamacpp_reads_and_loads_back(llama_target, llam
     for key, value, _, _ in read_target_gguf(llama_target_gguf).tokenizer_fields:
         assert fields[key].contents() == value, key
     card = (result.path / "README.md").read_text()
-    assert "--spec-type draft-dflash" in card
+    assert "--spec-type draft-dflash" in card and "--spec-draft-n-max 4" in card  # the trained block of 5
     loaded = load_export(result.path, llama_target).eval()
     tokens = torch.randint(6, 300, (12,), generator=torch.Generator().manual_seed(0))
     want = DFlashDrafter(head).block_logits(context_for(llama_target, tokens, head.required_layers()))
