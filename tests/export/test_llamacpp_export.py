@@ -244,3 +244,22 @@ def test_what_the_dflash_gguf_cannot_hold(llama_target, llama_target_gguf, tmp_p
     with pytest.raises(SpecgraftError, match=r"aux layers \[0\] cannot be captured by llama.cpp"):
         export_head(embeddings, "llamacpp", tmp_path / "o", target_gguf=llama_target_gguf)
     assert not (tmp_path / "o").exists()
+
+
+def test_dflash_biases_are_refused_naming_the_formats_that_hold_them():
+    import dataclasses
+
+    from specgraft.export.target_info import resolve_target
+    from specgraft.heads.dflash.config import resolve_dflash_config
+    from specgraft.heads.dflash.llamacpp import to_engine
+    from specgraft.heads.dflash.model import DFlashHead
+    from specgraft.target import Target
+    from specgraft.testing import tiny_model, tiny_tokenizer
+
+    target = Target(tiny_model("qwen3", attention_bias=True), tiny_tokenizer())
+    head = DFlashHead.build(target, resolve_dflash_config(target))  # the target's own Qwen3 layers, with biases
+    meta = {"head_type": "dflash", "target": target.identity.to_dict()}
+    cfg = dataclasses.asdict(head.config)
+    with pytest.raises(SpecgraftError, match=r"has no biases, but this head has \['layers.0.self_attn.k_proj.bias'.*"
+                                             "export it as vllm, sglang or native"):
+        to_engine("llamacpp", head.state_dict(), cfg, resolve_target(meta, target), "org/m", 3)
