@@ -262,9 +262,10 @@ def _llamacpp_lines(meta: Mapping[str, Any], text: Any, fmt: str, where: str) ->
     info = meta.get("llamacpp") or {}
     if fmt != "llamacpp":
         return lines + ["Export with `--format llamacpp --target-gguf TARGET.gguf` first: llama.cpp reads one GGUF "
-                        "draft that carries the target's tokenizer. Do not convert the sglang folder with llama.cpp's "
-                        "own converter: it ignores `eagle_config.eagle_aux_hidden_state_layer_ids` and silently "
-                        "falls back to default layers.", ""]
+                        "draft that carries the target's tokenizer and the fused layer ids as llama.cpp numbers them. "
+                        "Do not convert an sglang folder with llama.cpp's own converter: for EAGLE-3 it ignores "
+                        "`eagle_config.eagle_aux_hidden_state_layer_ids` and silently falls back to default layers.",
+                        ""]
     n = int(info.get("draft_tokens") or EXAMPLE_DRAFT_TOKENS)
     target = info.get("target_gguf") or "TARGET.gguf"
     draft = f"{where}/{info.get('draft_file', 'draft.gguf')}"

@@ -210,5 +210,7 @@ def engine_layer_ids(feature_layers: list[int], fmt: str) -> list[int]:
     Ours are transformers ``output_hidden_states`` indices (i = the output of decoder layer i-1). vLLM and the
     speculators package use the same numbers (vLLM captures the residual stream entering layer i); SGLang and
     TensorRT-LLM number the decoder layer whose OUTPUT is captured, i.e. i-1 (SGLang adds 1 back when loading).
+    llama.cpp captures the INPUT of target layer i (``llama_set_embeddings_layer_inp``): our numbers.
     """
-    return [int(i) for i in feature_layers] if fmt in ("vllm", "native") else [int(i) - 1 for i in feature_layers]
+    same = ("vllm", "native", "llamacpp")
+    return [int(i) for i in feature_layers] if fmt in same else [int(i) - 1 for i in feature_layers]

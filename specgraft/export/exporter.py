@@ -373,9 +373,11 @@ def export_head(
             if llamacpp_target is not None:
                 from specgraft.export.llamacpp import write_gguf
 
+                # The draft's own tokenizer keys (DFlash's mask token) replace the target's.
+                tokenizer = [f for f in llamacpp_target.tokenizer_fields if f[0] not in ckpt.config]
                 write_gguf(tmp / weights_name, _gguf_arch(ckpt.config), {"general.name": f"{base} {head_type} draft",
                                                                        **ckpt.config},
-                           ckpt.tensors, llamacpp_target.tokenizer_fields)
+                           ckpt.tensors, tokenizer)
                 files.append(weights_name)
             else:
                 save_file({k: v.contiguous() for k, v in ckpt.tensors.items()}, str(tmp / weights_name),
@@ -402,8 +404,13 @@ def export_head(
                        "speculative_tokens": speculative_tokens} if tuned is not None else None),
         }
         if llamacpp_target is not None:
+            # A block drafter (DFlash) runs a block of draft_tokens + 1 slots in llama.cpp: unless asked otherwise,
+            # the block it was trained on.
+            block = ckpt.config.get(f"{_gguf_arch(ckpt.config)}.block_size")
+            draft_tokens = (int(block) - 1 if block is not None and explicit_tokens is None and llamacpp_tuned is None
+                            else speculative_tokens)
             export_meta["llamacpp"] = {"target_gguf": llamacpp_target.path.name, "draft_file": weights_name,
-                                       "draft_tokens": speculative_tokens}
+                                       "draft_tokens": draft_tokens}
             if llamacpp_tuned is not None:
                 export_meta["llamacpp"]["tuned"] = llamacpp_tuned
         (tmp / EXPORT_META_NAME).write_text(json.dumps(export_meta, indent=2, default=str) + "\n", encoding="utf-8")

@@ -15,4 +15,4 @@ DEFAULT_TOKEN_ENV = "HF_TOKEN"
 #: what the families register, kept here so the help needs no torch; ``tests/export/test_options.py`` checks it
 #: against the registry.
 FORMATS_PER_FAMILY = ("medusa: vllm, trtllm; eagle: vllm, sglang; eagle3: vllm, sglang, trtllm, llamacpp; "
-                      "dflash: vllm, sglang")
+                      "dflash: vllm, sglang, llamacpp")

@@ -175,3 +175,91 @@ def test_cli_llamacpp_export(saved_heads, llama_target_gguf, tmp_path, capsys):
                  "--target-gguf", str(llama_target_gguf)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "exists and is not empty" in err[0] and "--overwrite" in err[0]
+
+
+def _dflash_head(target, folder, seed: int = 3, **fields):
+    """A saved DFlash head on ``target`` with every weight perturbed (norms too, so a dropped one shows)."""
+    from specgraft.heads.dflash.config import resolve_dflash_config
+    from specgraft.heads.dflash.model import DFlashHead
+
+    torch.manual_seed(seed)
+    head = DFlashHead.build(target, resolve_dflash_config(target, **fields))
+    if head.config.reduced_vocab:
+        head.prepare_from_data(torch.randint(0, 40, (target.vocab_size,), generator=torch.Generator().manual_seed(1)))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return head.eval(), head.save_pretrained(folder)
+
+
+@pytest.mark.parametrize("draft_vocab_size", [0, 100])
+def test_dflash_gguf_holds_what_llamacpp_reads_and_loads_back(llama_target, llama_target_gguf, tmp_path,
+                                                              draft_vocab_size):
+    """llama.cpp's ``dflash`` names, unpermuted q/k (NeoX RoPE), target layers in its numbering, the mask token in
+    the draft's tokenizer; read back, the head drafts exactly what it drafted."""
+    import gguf
+
+    from specgraft.export import load_export
+    from specgraft.heads.dflash.drafter import DFlashDrafter
+
+    from ..heads.dflash.helpers import context_for
+
+    head, folder = _dflash_head(llama_target, tmp_path / "head", block_size=5, num_layers=2, draft_layers="qwen3",
+                                aux_layer_ids=[1, 3], mask_token_id=7, draft_vocab_size=draft_vocab_size)
+    result = export_head(folder, "llamacpp", tmp_path / "o", target_gguf=llama_target_gguf)
+    meta, tensors = read_gguf(result.path / "draft.gguf")
+    tc = llama_target.text_config
+    assert meta["general.architecture"] == "dflash" and meta["dflash.block_count"] == 2
+    assert meta["dflash.target_layers"] == [1, 3]  # llama.cpp captures the INPUT of layer i: our numbers
+    assert meta["dflash.block_size"] == 5 and meta["dflash.embedding_length"] == tc.hidden_size
+    assert meta["dflash.attention.head_count_kv"] == tc.num_key_value_heads
+    state = head.state_dict()
+    assert torch.equal(tensors["blk.1.attn_q.weight"], state["layers.1.self_attn.q_proj.weight"])  # not permuted
+    assert torch.equal(tensors["blk.0.attn_k_norm.weight"], state["layers.0.self_attn.k_norm.weight"])
+    assert torch.equal(tensors["enc.output_norm.weight"], state["hidden_norm.weight"])
+    assert torch.equal(tensors["output_norm.weight"], state["norm.weight"])
+    if draft_vocab_size:
+        assert torch.equal(tensors["d2t"], state["d2t"] + torch.arange(100)) and "output.weight" in tensors
+    else:
+        assert "output.weight" not in tensors and "d2t" not in tensors  # the target's are borrowed
+    fields = gguf.GGUFReader(str(result.path / "draft.gguf")).fields
+    assert fields["tokenizer.ggml.mask_token_id"].contents() == 7
+    for key, value, _, _ in read_target_gguf(llama_target_gguf).tokenizer_fields:
+        assert fields[key].contents() == value, key
+    card = (result.path / "README.md").read_text()
+    assert "--spec-type draft-dflash" in card and "--spec-draft-n-max 4" in card  # the trained block of 5
+    loaded = load_export(result.path, llama_target).eval()
+    tokens = torch.randint(6, 300, (12,), generator=torch.Generator().manual_seed(0))
+    want = DFlashDrafter(head).block_logits(context_for(llama_target, tokens, head.required_layers()))
+    got = DFlashDrafter(loaded).block_logits(context_for(llama_target, tokens, head.required_layers()))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_what_the_dflash_gguf_cannot_hold(llama_target, llama_target_gguf, tmp_path):
+    _, llama_layers = _dflash_head(llama_target, tmp_path / "llama-layers")  # LlamaDecoderLayer: no q/k norms
+    with pytest.raises(SpecgraftError, match="per-head q/k RMS norms .*retrain with head.draft_layers: qwen3 .* or "
+                                             "export it as native"):
+        export_head(llama_layers, "llamacpp", tmp_path / "o", target_gguf=llama_target_gguf)
+    _, embeddings = _dflash_head(llama_target, tmp_path / "embeddings", draft_layers="qwen3", aux_layer_ids=[0, 2])
+    with pytest.raises(SpecgraftError, match=r"aux layers \[0\] cannot be captured by llama.cpp"):
+        export_head(embeddings, "llamacpp", tmp_path / "o", target_gguf=llama_target_gguf)
+    assert not (tmp_path / "o").exists()
+
+
+def test_dflash_biases_are_refused_naming_the_formats_that_hold_them():
+    import dataclasses
+
+    from specgraft.export.target_info import resolve_target
+    from specgraft.heads.dflash.config import resolve_dflash_config
+    from specgraft.heads.dflash.llamacpp import to_engine
+    from specgraft.heads.dflash.model import DFlashHead
+    from specgraft.target import Target
+    from specgraft.testing import tiny_model, tiny_tokenizer
+
+    target = Target(tiny_model("qwen3", attention_bias=True), tiny_tokenizer())
+    head = DFlashHead.build(target, resolve_dflash_config(target))  # the target's own Qwen3 layers, with biases
+    meta = {"head_type": "dflash", "target": target.identity.to_dict()}
+    cfg = dataclasses.asdict(head.config)
+    with pytest.raises(SpecgraftError, match=r"has no biases, but this head has \['layers.0.self_attn.k_proj.bias'.*"
+                                             "export it as vllm, sglang or native"):
+        to_engine("llamacpp", head.state_dict(), cfg, resolve_target(meta, target), "org/m", 3)

@@ -86,6 +86,16 @@ def eagle3_head(stories260k_dir, tinystories_path, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def dflash_head(stories260k_dir, tinystories_path, tmp_path_factory) -> Path:
+    """recipes/dflash/stories260k.yaml (Qwen3-layout draft layer, blocks of 5) cut to 200 steps on 384
+    self-distilled continuations (the recipe: 600 steps on 1536)."""
+    return train_short("dflash/stories260k.yaml", stories260k_dir, tinystories_path,
+                       tmp_path_factory.mktemp("dflash-stories"),
+                       ["data.num_samples=384", "data.regenerate_max_new_tokens=96", "training.max_steps=200",
+                        "training.checkpoint_every=200", "training.warmup_steps=10"])
+
+
+@pytest.fixture(scope="session")
 def story_prompts(tinystories_path, stories_target) -> list[list[int]]:
     """Token ids of the first sentence of eight TinyStories paragraphs from the END of the file (the short
     training run's continuations come from its start)."""

@@ -47,9 +47,13 @@ class DFlashDrafter(Drafter):
         top_k: siblings per depth in tree mode.
         depth: draft at most this many slots (default all ``block_size - 1``): the block costs one forward either
             way, but verifying fewer tokens is cheaper where verification is compute-bound (a CPU).
+        block_size: slots of the block run per step (default the trained ``block_size``; at least ``depth + 1``).
+            llama.cpp runs ``--spec-draft-n-max + 1`` slots, so ``block_size=depth + 1`` drafts what it drafts;
+            slots attend to each other, so a shorter block is not the first slots of the trained one.
     """
 
-    def __init__(self, head: DFlashHead, mode: str = "chain", top_k: int = 2, depth: int | None = None) -> None:
+    def __init__(self, head: DFlashHead, mode: str = "chain", top_k: int = 2, depth: int | None = None,
+                 block_size: int | None = None) -> None:
         if not isinstance(head, DFlashHead):
             raise SpecgraftError(f"DFlashDrafter needs a dflash head, got {type(head).__name__}; use the drafter of "
                                  "that head's family")
@@ -65,6 +69,12 @@ class DFlashDrafter(Drafter):
         self.mode = mode
         self.top_k = int(top_k)
         self.depth = slots if depth is None else int(depth)
+        trained = head.config.block_size
+        if block_size is not None and (isinstance(block_size, bool) or int(block_size) != block_size
+                                       or not self.depth + 1 <= block_size <= trained):
+            raise SpecgraftError(f"DFlash drafter block_size must be an integer in {self.depth + 1}..{trained} (the "
+                                 f"depth plus the anchor, at most the trained block), got {block_size!r}")
+        self.block_size = trained if block_size is None else int(block_size)
         self.needs_hidden_states = tuple(head.required_layers())
         self._vocab_size = head.target_identity.vocab_size
         self.acceptance = AcceptanceRecorder()
@@ -92,8 +102,8 @@ class DFlashDrafter(Drafter):
 
     # -- internals -------------------------------------------------------------------------------------------
     def block_logits(self, ctx: DraftContext) -> torch.Tensor:
-        """Update the context cache with the delivered features and run the block: [bs - 1, V_out] logits of
-        slots 1 .. bs-1 (depths 1 .. bs-1 below the root)."""
+        """Update the context cache with the delivered features and run the block (:attr:`block_size` slots):
+        [bs - 1, V_out] logits of slots 1 .. bs-1 (depths 1 .. bs-1 below the root)."""
         head = self.head
         length = ctx.length
         start = int(ctx.hidden_start)
@@ -103,7 +113,7 @@ class DFlashDrafter(Drafter):
         kv.crop_cache(self._cache, start)  # a rewound history: forget what lies beyond the delivered start
         self._seen = start
         device = head.param_device
-        bs = head.config.block_size
+        bs = self.block_size
         new = length - 1 - start
         if new > 0:
             states = {int(i): ctx.hidden_states[int(i)].to(device).unsqueeze(0) for i in self.needs_hidden_states}
@@ -191,4 +201,4 @@ def drafter_from_setting(head: DFlashHead, setting: Mapping[str, Any]) -> DFlash
 def describe_drafter(drafter: DFlashDrafter) -> dict[str, Any]:
     width = drafter.top_k if drafter.mode == "tree" else 1
     return {"k": drafter.depth, "tree_size": 1 + drafter.depth * width, "top_k": width,
-            "block_size": drafter.head.config.block_size}
+            "block_size": drafter.block_size}

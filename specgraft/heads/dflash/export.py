@@ -447,4 +447,4 @@ EXPORTERS = {"vllm": EngineExporter(WEIGHTS_NAME, None, to_engine, from_engine, 
              "sglang": EngineExporter(WEIGHTS_NAME, None, to_engine, from_engine, _SIZES,
                                       architectures=(SGLANG_ARCHITECTURE,))}
 CARD = CardText(title="DFlash", describe=describe, vllm_method="dflash", sglang_algorithm="DFLASH",
-                config_is_self_contained=True, sglang_args=sglang_args)
+                config_is_self_contained=True, sglang_args=sglang_args, llamacpp_spec_type="draft-dflash")

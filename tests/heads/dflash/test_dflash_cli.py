@@ -69,7 +69,7 @@ def test_dflash_trains_evaluates_and_exports_through_the_cli(trained, tmp_path, 
     assert "--speculative-algorithm DFLASH" in (tmp_path / "export-sglang" / "README.md").read_text()
     capsys.readouterr()
     assert cli_main(["export", str(head_dir), "--format", "trtllm", "--out", str(tmp_path / "no")]) == 2
-    assert "the trtllm format cannot hold a dflash head; export it as one of vllm, sglang, native" in \
+    assert "the trtllm format cannot hold a dflash head; export it as one of vllm, sglang, llamacpp, native" in \
         capsys.readouterr().err
 
     # A DFlash export read as EAGLE-3 is refused in one line.
@@ -89,4 +89,4 @@ def test_dflash_recipe_errors_name_the_field(tmp_path):
         path.write_text(json.dumps({**base, "head": {"type": "dflash", **head}}))
         with pytest.raises(SpecgraftError, match=message):
             load_recipe(path)
-    assert get_family("dflash").formats == ("vllm", "sglang", "native")
+    assert get_family("dflash").formats == ("vllm", "sglang", "llamacpp", "native")

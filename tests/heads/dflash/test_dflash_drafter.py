@@ -146,6 +146,25 @@ def test_bind_refuses_another_target_and_bad_arguments():
         DFlashDrafter(torch.nn.Linear(2, 2))
 
 
+def test_a_shorter_block_is_the_block_a_shorter_trained_head_runs():
+    """``block_size=k + 1`` (llama.cpp's block for --spec-draft-n-max k) runs the same weights on k + 1 slots: the
+    drafts of a head whose config says block k + 1; not the first k slots of the full block."""
+    import copy
+
+    target = Target(tiny_model("llama"), tiny_tokenizer())
+    head = make_head(target, block_size=6).eval()
+    short = copy.deepcopy(head)
+    short.config.block_size = 3
+    tokens = torch.randint(6, 300, (12,), generator=torch.Generator().manual_seed(0))
+    ctx = context_for(target, tokens, head.required_layers())
+    got = DFlashDrafter(head, depth=2, block_size=3).block_logits(ctx)
+    torch.testing.assert_close(got, DFlashDrafter(short).block_logits(ctx), rtol=0, atol=0)
+    assert not torch.allclose(got, DFlashDrafter(head).block_logits(ctx)[:2])
+    for bad in (2, 7, True):
+        with pytest.raises(SpecgraftError, match="block_size must be an integer in 3..6"):
+            DFlashDrafter(head, depth=2, block_size=bad)
+
+
 @pytest.mark.shared
 @pytest.mark.slow
 def test_stories260k_greedy_is_lossless_with_a_briefly_trained_head(stories260k_dir):

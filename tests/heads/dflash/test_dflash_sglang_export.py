@@ -155,7 +155,7 @@ def test_sglang_export_through_the_cli(tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
     back = load_export(out, target)
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), head.state_dict().values()))
-    assert get_family("dflash").formats == ("vllm", "sglang", "native")
+    assert get_family("dflash").formats == ("vllm", "sglang", "llamacpp", "native")
     capsys.readouterr()
     # An existing folder, then a head SGLang cannot serve: exit 2 and one error line each.
     assert cli_main(["export", str(head_dir), "--format", "sglang", "--out", str(out)]) == 2
