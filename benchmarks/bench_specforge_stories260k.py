@@ -238,6 +238,52 @@ def import_specforge(checkpoint: Path, model_dir: Path, head_config: dict[str, A
     return dest
 
 
+#: SpecForge's own draft forward (step 0: fused features and token embeddings -> logits) of its exported checkpoint,
+#: run in its venv: ``python -c SPECFORGE_FORWARD CHECKPOINT IO_FILE``.
+SPECFORGE_FORWARD = """
+import json, sys, torch
+from safetensors.torch import load_file
+from transformers import LlamaConfig
+from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
+checkpoint, io_file = sys.argv[1:3]
+config = LlamaConfig(**json.load(open(checkpoint + "/config.json")))
+model = LlamaForCausalLMEagle3(config, attention_backend="sdpa").eval()
+model.load_state_dict(load_file(checkpoint + "/model.safetensors"), strict=False)
+io = torch.load(io_file)
+with torch.no_grad():
+    io["specforge_logits"] = model.lm_head(model(hidden_states=io["features"], inputs_embeds=io["embeds"]))
+torch.save(io, io_file)
+"""
+
+
+def forward_difference(peers: Path, checkpoint: Path, head_dir: Path, model_dir: Path, work: Path) -> float:
+    """Max |logit difference| between SpecForge's draft forward (in its venv) and the imported specgraft head's on
+    the same random fused features and token embeddings (causal, 16 positions): the import is the same function."""
+    import torch
+
+    from specgraft.heads import load_head
+    from specgraft.heads.layers import causal_additive_mask
+    from specgraft.target import load_target
+
+    head = load_head(load_target(model_dir), head_dir).eval()
+    generator = torch.Generator().manual_seed(0)
+    length, width = 16, head.fc.in_features
+    features = torch.randn(1, length, width, generator=generator)
+    embeds = head.embed(torch.randint(0, head.target.vocab_size, (1, length), generator=generator))
+    with torch.no_grad():
+        hidden = head.fc(features)
+        mask = causal_additive_mask(length, None, hidden.dtype, hidden.device)
+        ours = head.lm_head(head.norm(head._layers_forward(embeds, hidden, torch.arange(length)[None], mask)))
+    io_file = work / "specforge" / "forward_io.pt"
+    torch.save({"features": features, "embeds": embeds}, io_file)
+    python = peers / "specforge" / "venv" / "bin" / "python"
+    env = {**os.environ, "PYTHONPATH": "", "SPECFORGE_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    _timed([str(python), "-c", SPECFORGE_FORWARD, str(checkpoint), str(io_file)], work / "specforge" / "forward.log",
+           env, peers / "specforge")
+    theirs = torch.load(io_file)["specforge_logits"]
+    return float((theirs - ours).abs().max())
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> Path:
     """Bars: held-out tau of every head in each mode."""
     import matplotlib
@@ -300,6 +346,9 @@ def main() -> int:
     runs += [trained(name, overrides, model_dir, split, work, args) for name, overrides in levers]
     peer = train_specforge(args.peers, model_dir, rows_path, head_config, recipe, work, args)
     peer_dir = import_specforge(Path(peer["checkpoint"]), model_dir, head_config, work / "runs" / PEER / "head")
+    peer["forward_max_abs_diff"] = forward_difference(args.peers, Path(peer["checkpoint"]), peer_dir, model_dir, work)
+    print(f"SpecForge's draft forward vs the imported head's: max |logit difference| "
+          f"{peer['forward_max_abs_diff']:.2e}", flush=True)
     runs.insert(0, {"head": PEER, "features": "offline features", "head_dir": str(peer_dir),
                     "cpu_s": peer["train"]["cpu_s"], "wall_s": peer["train"]["wall_s"]})
     for run in runs:
@@ -346,6 +395,7 @@ def main() -> int:
                  title=f"EAGLE-3 held-out tau, specgraft vs SpecForge 0.2 on stories260K at one budget ({budget}), "
                        "both decoded by specgraft's decoder",
                  details={"settings": record["settings"], "budget": budget, "data": data, "plot": png.name,
+                         "specforge_forward_max_abs_diff": peer["forward_max_abs_diff"],
                           "specforge_config": peer["config"], "full_record": str(args.out)})
     return 0 if all(f["lossless"].startswith("passed") for f in figures) else 1
 
