@@ -118,7 +118,9 @@ def train_one(name: str, recipe: str, features: str, model_dir: Path, split: Map
     log = out_dir.parent / f"{out_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w", encoding="utf-8") as fh:
-        rc = subprocess.call(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    rc = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - start
     if rc != 0:
         tail = log.read_text(encoding="utf-8").splitlines()[-15:]
@@ -127,7 +129,8 @@ def train_one(name: str, recipe: str, features: str, model_dir: Path, split: Map
     curves = read_loss_curve(out_dir)
     loss = curves.get("loss", [])
     return {"head": name, "features": features, "recipe": recipe, "command": " ".join(cmd[1:]),
-            "head_dir": str(out_dir / "head"), "wall_s": wall, "summary": summary,
+            "head_dir": str(out_dir / "head"), "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "summary": summary,
             "loss_first": loss[0] if loss else None, "loss_last": loss[-1] if loss else None,
             "loss_min": min(loss, key=lambda p: p[1]) if loss else None, "curves": curves}
 

@@ -27,6 +27,7 @@ from specgraft.heads.head import (  # noqa: F401 (re-exported: saved heads are r
     check_head_state,
     config_from_dict,
     depth_ranks,
+    draft_columns,
     load_adapter_state,
     load_checked_state,
     load_head_weights,

@@ -53,6 +53,18 @@ def token_ranks(logits: torch.Tensor, tokens: torch.Tensor, columns: torch.Tenso
     return torch.where(present, ranks, torch.full_like(ranks, UNRANKED))
 
 
+def draft_columns(draft_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
+    """The ``columns`` of :func:`token_ranks` for a draft whose logit column ``c`` is target id ``draft_ids[c]``:
+    [vocab_size] long, each target id's column, -1 for ids outside the draft vocabulary; None when ``draft_ids`` is
+    None or the whole vocabulary in order (the columns are the token ids)."""
+    if draft_ids is None or (draft_ids.numel() == vocab_size
+                             and torch.equal(draft_ids.cpu(), torch.arange(vocab_size))):
+        return None
+    columns = torch.full((vocab_size,), -1, dtype=torch.long, device=draft_ids.device)
+    columns[draft_ids.long()] = torch.arange(draft_ids.numel(), device=draft_ids.device)
+    return columns
+
+
 def depth_ranks(logits_by_depth: Any, tokens: torch.Tensor, depth: int,
                 columns: torch.Tensor | None = None) -> torch.Tensor:
     """[B, T, depth] ranks for :meth:`DraftHead.acceptance_ranks` from each depth's draft logits [B, T, V'] at the

@@ -242,3 +242,15 @@ def test_format_version_is_read_and_enforced(tmp_path):
         (folder / "head_config.json").write_text(json.dumps({**meta, "format_version": bad}))
         with pytest.raises(SpecgraftError, match="format_version .* upgrade specgraft"):
             load_head(target, folder)
+
+
+def test_draft_columns_rank_only_the_draft_vocabulary():
+    """A reduced draft vocabulary's columns: a token outside it is unranked, one inside is ranked in its column."""
+    draft_ids = torch.tensor([5, 2, 7])  # column c drafts target id draft_ids[c]
+    columns = head_module.draft_columns(draft_ids, 8)
+    assert columns.tolist() == [-1, -1, 1, -1, -1, 0, -1, 2]
+    logits = torch.tensor([[0.1, 0.9, 0.5]])  # column 1 (id 2) first, column 2 (id 7) second
+    ranks = head_module.token_ranks(logits, torch.tensor([7]), columns)
+    assert ranks.tolist() == [1]
+    assert head_module.token_ranks(logits, torch.tensor([3]), columns).tolist() == [head_module.UNRANKED]
+    assert head_module.draft_columns(None, 8) is None and head_module.draft_columns(torch.arange(8), 8) is None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from specgraft.eval.decoder import SpeculativeDecoder
+from specgraft.decoding.decoder import SpeculativeDecoder
 from specgraft.export import export_head
 from specgraft.export.llamacpp_engine import LlamaServer
 from specgraft.heads.base import load_head

@@ -15,6 +15,7 @@ from specgraft.config import Recipe, from_dict
 from specgraft.decoding.decoder import SpeculativeDecoder
 from specgraft.errors import SpecgraftError
 from specgraft.heads.base import UNRANKED
+from specgraft.heads.registry import get_family
 from specgraft.target import Target
 from specgraft.testing import tiny_model
 from specgraft.train.acceptance_eval import count_ranks, decoding_anchors, simulated_tau
@@ -105,10 +106,17 @@ def self_distilled():
     return target, rows(0, 48), rows(1, 8)
 
 
-def _recipe(tmp_path, name: str, **training) -> Recipe:
+#: A small head of each family that drafts a chain of 3 (DFlash: a block of 4 slots, the anchor and 3 drafts; the
+#: tiny target has no tokenizer to pick a mask token from, so id 0 is embedded in the predicted slots).
+HEADS = {"eagle3": {"type": "eagle3", "ttt_steps": 2},
+         "eagle": {"type": "eagle", "ttt_steps": 2},
+         "dflash": {"type": "dflash", "block_size": 4, "max_anchors": 32, "mask_token_id": 0}}
+
+
+def _recipe(tmp_path, name: str, head: str = "eagle3", **training) -> Recipe:
     return from_dict(Recipe, {
         "model": {"name_or_path": "tiny"}, "data": {"path": "in-memory", "max_length": PROMPT + ANSWER},
-        "head": {"type": "eagle3", "ttt_steps": 2},
+        "head": HEADS[head],
         "training": {"max_steps": 24, "micro_batch_size": 8, "learning_rate": 1e-2, "lr_scheduler": "constant",
                      "eval_every": 8, "eval_batches": 1, "eval_prompts": 8, "eval_max_new_tokens": ANSWER,
                      "eval_setting": {"mode": "chain", "depth": 3}, "checkpoint_every": 8, "keep_checkpoints": 10,
@@ -130,8 +138,9 @@ def _records(out) -> list[dict]:
     return [json.loads(line) for line in (out / METRICS_FILE).read_text().splitlines()]
 
 
-def test_simulated_tau_agrees_with_the_decoder_and_best_is_the_best_checkpoint(tmp_path, self_distilled):
-    summary = _train(_recipe(tmp_path, "run"), self_distilled)
+@pytest.mark.parametrize("head", list(HEADS))
+def test_simulated_tau_agrees_with_the_decoder_and_best_is_the_best_checkpoint(tmp_path, self_distilled, head):
+    summary = _train(_recipe(tmp_path, "run", head), self_distilled)
     out = tmp_path / "run"
     records = _records(out)
     assert [r["step"] for r in records] == [8, 16, 24]
@@ -170,7 +179,7 @@ def test_resume_keeps_the_uninterrupted_runs_best_state(tmp_path, self_distilled
     assert math.isfinite(summary["eval_time_fraction"])
 
 
-def test_refusals(tmp_path, self_distilled):
+def test_refusals(tmp_path, self_distilled, monkeypatch):
     target, train, _ = self_distilled
     with pytest.raises(SpecgraftError, match="held-out rows"):
         trainer = HeadTrainer(_recipe(tmp_path, "none"), target=target, dataset=train, show_progress=False)
@@ -178,6 +187,8 @@ def test_refusals(tmp_path, self_distilled):
     recipe = _recipe(tmp_path, "eagle1")
     recipe.head = from_dict(Recipe, {"model": {"name_or_path": "x"}, "data": {"path": "x"},
                                      "output": {"dir": "x"}, "head": {"type": "eagle"}}).head
+    # Every built-in family measures it; a family without the expected_accepted hook (a plug-in) is refused.
+    monkeypatch.delitem(get_family("eagle").hooks, "expected_accepted")
     with pytest.raises(SpecgraftError, match="does not measure held-out acceptance"):
         HeadTrainer(recipe, target=target, dataset=train, eval_dataset=train, show_progress=False).setup()
     from specgraft.errors import ConfigError

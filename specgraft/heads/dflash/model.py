@@ -46,7 +46,7 @@ from specgraft.heads.dflash.losses import (
     select_anchors,
 )
 from specgraft.heads.draft_vocab import build_draft_vocab, draft_to_target_ids, vocab_coverage
-from specgraft.heads.head import DraftHead, HeadLoss
+from specgraft.heads.head import UNRANKED, DraftHead, HeadLoss, draft_columns, token_ranks
 from specgraft.heads.layers import RotaryPositions, build_decoder_layer, cpu_flash_with_lse, draft_layer_config
 from specgraft.heads.losses import divide_by_count, linear_cross_entropy
 from specgraft.target import Target, TargetOutput
@@ -56,6 +56,10 @@ logger = logging.getLogger(__name__)
 
 #: Name of the attention function registered with transformers' AttentionInterface for DFlash drafts.
 DFLASH_ATTENTION = "specgraft_dflash"
+
+#: Block slots per draft forward when the held-out acceptance is measured (a block at every position): bounds the
+#: forward's attention memory (slots x context keys) on long rows.
+EVAL_BLOCK_SLOTS = 2048
 
 _PRE_NORM = frozenset({"input_layernorm", "post_attention_layernorm"})
 _SANDWICH_NORM = _PRE_NORM | {"pre_feedforward_layernorm", "post_feedforward_layernorm"}
@@ -472,13 +476,18 @@ class DFlashHead(DraftHead):
         Returns ``(hidden [B, A, bs, h], anchors [B, A], anchor_valid [B, A], labels [B, T])`` where ``labels``
         marks real loss tokens.
         """
-        input_ids = batch["input_ids"]  # [B, T]
+        labels, anchors, anchor_valid = self.batch_anchors(batch, generator)  # [B, T], [B, A], [B, A]
+        context = self.context_features(target_out.hidden_states)  # [B, T, h]
+        hidden = self.blocks_at(batch["input_ids"], context, anchors, batch.get("attention_mask"))
+        return hidden, anchors, anchor_valid, labels
+
+    def blocks_at(self, input_ids: torch.Tensor, context: torch.Tensor, anchors: torch.Tensor,
+                  real: torch.Tensor | None) -> torch.Tensor:
+        """Every block ``[x_a, MASK, ..]`` at ``anchors`` [B, A] in one forward, each seeing the context features
+        [B, T, h] of positions ``< a`` (``real`` [B, T]: padding keys hidden): [B, A, bs, h] block states."""
         batch_size, seq_len = input_ids.shape
         bs = self.config.block_size
-        real = batch.get("attention_mask")
-        labels, anchors, anchor_valid = self.batch_anchors(batch, generator)  # [B, T], [B, A], [B, A]
         num_blocks = anchors.shape[1]
-        context = self.context_features(target_out.hidden_states)  # [B, T, h]
         slot_ids = torch.full((batch_size, num_blocks, bs), self.config.mask_token_id, dtype=torch.long,
                               device=input_ids.device)
         slot_ids[:, :, 0] = torch.gather(input_ids, 1, anchors)
@@ -490,7 +499,37 @@ class DFlashHead(DraftHead):
         visible = block_context_mask(anchors, bs, seq_len, None if real is None else real.bool())
         mask = additive_mask(visible, context.dtype)
         hidden = self.block_forward(embeds, context, positions, mask, blocks_of=bs)  # [B, A*bs, h]
-        return hidden.view(batch_size, num_blocks, bs, -1), anchors, anchor_valid, labels
+        return hidden.view(batch_size, num_blocks, bs, -1)
+
+    @torch.no_grad()
+    def acceptance_ranks(self, batch: dict[str, torch.Tensor], target_out: TargetOutput, tokens: torch.Tensor,
+                         depth: int) -> torch.Tensor:
+        """The drafter's step from anchor ``i`` (the target has read ``0..i``) is the block anchored at the root,
+        position ``a = i + 1``, over the context ``0..i``; its slot ``d`` is the depth-``d`` draft and ranks
+        ``tokens[i + d]`` (see :meth:`DraftHead.acceptance_ranks`). The slots never read each other's drafts, so
+        the ranks need no teacher forcing beyond the root. A block at every position, :data:`EVAL_BLOCK_SLOTS`
+        slots per forward; depths past ``block_size - 1`` and tokens outside a reduced draft vocabulary are
+        unranked."""
+        input_ids = batch["input_ids"]  # [B, T]
+        batch_size, seq_len = input_ids.shape
+        ranks = torch.full((batch_size, seq_len, depth), UNRANKED, dtype=torch.long, device=input_ids.device)
+        slots = min(int(depth), self.config.block_size - 1)
+        if seq_len < 2 or slots < 1:
+            return ranks
+        context = self.context_features(target_out.hidden_states)  # [B, T, h]
+        columns = draft_columns(self.draft_token_ids(), self.target.vocab_size)
+        real = batch.get("attention_mask")
+        chunk = max(1, EVAL_BLOCK_SLOTS // self.config.block_size)
+        for start in range(0, seq_len - 1, chunk):
+            anchor_ids = torch.arange(start, min(start + chunk, seq_len - 1), device=input_ids.device)  # i
+            hidden = self.blocks_at(input_ids, context, (anchor_ids + 1).expand(batch_size, -1), real)
+            for d in range(1, slots + 1):
+                inside = anchor_ids[anchor_ids + d < seq_len]  # the depth-d token is in the row
+                if inside.numel() == 0:
+                    break
+                logits = self.block_logits(hidden[:, : inside.numel(), d]).float()  # [B, n, V_out]
+                ranks[:, inside, d - 1] = token_ranks(logits, tokens[:, inside + d], columns)
+        return ranks
 
     def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
                       num_items: dict[str, torch.Tensor] | None = None) -> HeadLoss:

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgraft.heads.eagle.config import EagleConfig
-from specgraft.heads.head import DraftHead, HeadLoss
+from specgraft.heads.head import DraftHead, HeadLoss, depth_ranks
 from specgraft.heads.layers import (
     EAGLE_ATTENTION,
     RotaryPositions,
@@ -230,6 +230,16 @@ class EagleHead(EagleHeadBase):
             hidden = self.features_forward(step_ids, hidden, positions + s, mask, eagle_ttt=state)
             outputs.append(hidden)
         return outputs
+
+    @torch.no_grad()
+    def acceptance_ranks(self, batch: dict[str, torch.Tensor], target_out: TargetOutput, tokens: torch.Tensor,
+                         depth: int) -> torch.Tensor:
+        """Alignment pass ``d - 1`` of :meth:`align_outputs` at anchor ``i`` is the depth-``d`` draft: pass 0
+        reads the target's feature ``f_i`` and the root ``x_{i+1}``, pass ``s`` its own pass-``(s-1)`` output and
+        ``x_{i+s+1}`` (the accepted drafts), with the drafter's KV cache; its lm_head logits rank ``tokens[i + d]``
+        (see :meth:`DraftHead.acceptance_ranks`). No feature noise: the head is in eval mode here."""
+        logits = (self.logits(out) for out in self.align_outputs(batch, target_out, steps=depth))
+        return depth_ranks(logits, tokens, depth)
 
     def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
                       num_items: dict[str, torch.Tensor] | None = None) -> HeadLoss:

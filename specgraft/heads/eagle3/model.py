@@ -40,7 +40,7 @@ from specgraft.heads.draft_vocab import (
 )
 from specgraft.heads.eagle.model import EagleHeadBase
 from specgraft.heads.eagle3.config import Eagle3Config
-from specgraft.heads.head import HeadLoss, depth_ranks
+from specgraft.heads.head import HeadLoss, depth_ranks, draft_columns
 from specgraft.heads.layers import (
     EAGLE_ATTENTION,
     Eagle3MidLayer,
@@ -222,9 +222,7 @@ class Eagle3Head(EagleHeadBase):
         :meth:`DraftHead.acceptance_ranks`)."""
         columns = None
         if self.config.draft_vocab_size != self.target.vocab_size:
-            ids = self.draft_token_ids().to(tokens.device)
-            columns = torch.full((self.target.vocab_size,), -1, dtype=torch.long, device=tokens.device)
-            columns[ids] = torch.arange(ids.numel(), device=tokens.device)
+            columns = draft_columns(self.draft_token_ids().to(tokens.device), self.target.vocab_size)
         logits = (self.lm_head(self.norm(out)) for out in self.ttt_outputs(batch, target_out, steps=depth))
         return depth_ranks(logits, tokens, depth, columns)
 

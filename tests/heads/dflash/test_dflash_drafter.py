@@ -184,3 +184,37 @@ def test_stories260k_greedy_is_lossless_with_a_briefly_trained_head(stories260k_
         result = decoder.generate(prompt, 40)
         assert result.generated_ids == plain.generate(prompt, 40).generated_ids
         assert result.tau > 1.0
+
+
+@pytest.mark.parametrize("draft_vocab_size", [0, 120])
+def test_acceptance_ranks_are_the_drafters_ranks_at_every_root(draft_vocab_size, monkeypatch):
+    """The trainer's teacher-forced ranks (DFlashHead.acceptance_ranks, every anchor in a few chunked forwards)
+    equal, at every anchor i and depth d, the rank of the target's greedy token i + d among the decoder's own
+    slot-d logits when its root is token i + 1; depths past the block and tokens outside a reduced draft vocabulary
+    are unranked."""
+    from specgraft.heads import dflash
+    from specgraft.heads.base import UNRANKED, draft_columns, token_ranks
+
+    target = Target(tiny_model("llama"), tiny_tokenizer())
+    head = make_head(target, block_size=4, draft_vocab_size=draft_vocab_size).eval()
+    tokens = torch.randint(6, 300, (1, 14), generator=torch.Generator().manual_seed(5))
+    layers = head.required_layers()
+    with torch.no_grad():
+        out = target(tokens, layers=layers, logits=True)
+    greedy = out.logits.argmax(-1)
+    depth = 4  # one past the block's 3 drafted slots
+    monkeypatch.setattr(dflash.model, "EVAL_BLOCK_SLOTS", 4 * 5)  # 5 anchors per forward: several chunks
+    ranks = head.acceptance_ranks({"input_ids": tokens}, out, greedy, depth)
+    columns = draft_columns(head.draft_token_ids(), target.vocab_size)
+    length = tokens.shape[1]
+    for i in range(length - 1):
+        with torch.no_grad():
+            logits = DFlashDrafter(head).block_logits(context_for(target, tokens[0, : i + 2], layers))
+        for d in range(1, depth + 1):
+            if d > 3 or i + d >= length:
+                assert ranks[0, i, d - 1] == UNRANKED
+                continue
+            expected = token_ranks(logits[d - 1].float(), greedy[0, i + d], columns)
+            assert ranks[0, i, d - 1] == expected, (i, d)
+    if draft_vocab_size:
+        assert (ranks == UNRANKED).sum() > (depth * length - 3 * (length - 2)), "no token outside the draft vocab"
