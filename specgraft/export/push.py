@@ -210,7 +210,8 @@ def _scrub(exc: BaseException, token: str) -> str:
     return text.replace(token, "***") if token else text
 
 
-def formatformat_size(n: int) -> str:
+def format_size(n: int) -> str:
+    """``n`` bytes as push prints them (B, KB, MB or GB)."""
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
