@@ -7,7 +7,7 @@ it ships a ``recipes/<family>/stories260k.yaml``) and each target:
   and evaluated on the first sentences of lines at its END (``benchlib.stories.prepare_stories260k``: no held-out
   paragraph is trained on);
 * ``embedded``: the target shipped inside specgraft (``specgraft/defaults/model``), trained on its own corpus and
-  evaluated on the demo's held-out prompts (``specgraft.demo.write_demo_data`` without a target: the
+  evaluated on the demo's held-out prompts (``specgraft.demos.stories.write_demo_data`` without a target: the
   corpus's documents, not the demo's self-distilled text),
 
 the shipped ``recipes/<family>/stories260k.yaml`` is trained ONCE through the real command line
@@ -193,7 +193,7 @@ def prepare_target(name: str, work: Path, args: argparse.Namespace) -> TargetDat
                           split["num_prompts"], f"{split['num_prompts']} held-out TinyStories prompts "
                           f"(the last {split['heldout_lines']} lines of tinystories_train.txt, not trained on)")
     from specgraft.defaults.target import default_target_path
-    from specgraft.demo import FULL, write_demo_data
+    from specgraft.demos.stories import FULL, write_demo_data
 
     budget = dataclasses.replace(FULL, prompts_per_domain=args.prompts)
     train_file, prompts_file = write_demo_data(folder / "data", budget)

@@ -1,30 +1,20 @@
-"""Speculative-decoder overhead on stories260K: greedy tau, tokens/s, wall speedup and speedup/tau.
+"""The speculative decoder's own loop overhead per step on stories260K, with a zero-cost oracle drafter.
 
-Target: the llama2.c stories260K model (converted by ``benchlib.stories``). Prompts: the first
-sentence of the last ``--prompts`` paragraphs of ``tinystories_train.txt`` (held out from the head of the file that
-training uses). Methods, all greedy and all checked token-for-token against plain decoding:
-
-* ``plain``: the decoder with no drafter (the baseline; same code path, same token counting);
-* ``self-k4``: SelfDrafter(k=4), the target drafting for itself: tau = 5 by construction, and each step costs 4 draft
-  forwards + 1 verification forward, so the forward-count model predicts speedup = tau / (k c + 1) = 1 (c = 1);
-  the measured speedup divided by that prediction is the decoder's efficiency (1 = no overhead);
-* ``draft-k4``: DraftModelDrafter(--draft, k=4), a separate small draft model (only with ``--draft PATH``).
-
-All methods run in one process after a warm-up; each repeat runs every method on every prompt (interleaved, so
-drift hits all alike) and the per-prompt time is the median over repeats.
-
-    python benchmarks/bench_decoder_overhead.py
-    python benchmarks/bench_decoder_overhead.py --draft runs/draft/final --max-new-tokens 200 --repeats 5
-
-``--oracle`` measures the decoder's own loop overhead per step instead: a zero-cost oracle drafter proposes exactly
+Target: the llama2.c stories260K model (converted by ``benchlib.stories``; ``--target`` another one). Prompts: the
+first sentence of the last ``--prompts`` paragraphs of ``tinystories_train.txt`` (held out from the head of the file
+that training uses). A zero-cost oracle drafter proposes exactly
 the target's greedy continuation (precomputed by plain decoding), as a chain of ``k`` tokens or as a tree with one
 wrong sibling after each right node (``2k`` nodes, so the accepted rows are not a prefix of the verified ones and
 the KV rollback has to move rows). The target's forwards are timed by hooks; overhead per step = (wall time -
 time inside target forwards) / steps: everything the decoder does between forwards (tree inputs, masks,
 verification, statistics, KV rollback, drafter bookkeeping).
 
-    python benchmarks/bench_decoder_overhead.py --oracle
-    PYTHONPATH=/path/to/other/checkout python benchmarks/bench_decoder_overhead.py --oracle   # compare two versions
+    python benchmarks/bench_decoder_overhead.py
+    PYTHONPATH=/path/to/other/checkout python benchmarks/bench_decoder_overhead.py   # compare two versions
+
+A drafter's tau and end-to-end speedup on the same target (self-drafting, a draft model) is
+``benchmarks/bench_eval_stories.py``'s question (`specgraft eval`, one script per question). ``--oracle`` is accepted
+for older command lines: the oracle is the only mode.
 """
 
 from __future__ import annotations
@@ -40,13 +30,11 @@ from pathlib import Path
 import torch
 from benchlib.results import add_result_arguments, write_result
 from benchlib.stories import STORIES_DIR, TINYSTORIES, stories260k_target
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specgraft.decoding import metrics
-from specgraft.decoding.decoder import GenerationResult, SpeculativeDecoder
+from specgraft.decoding.decoder import SpeculativeDecoder
 from specgraft.decoding.drafter import DraftContext, Drafter
-from specgraft.decoding.drafters import DraftModelDrafter, SelfDrafter
 from specgraft.decoding.tree import DraftTree
+from specgraft.target import load_target
 
 K = 4
 
@@ -62,27 +50,6 @@ def held_out_prompts(path: Path, count: int) -> list[str]:
         if len(prompts) == count:
             break
     return prompts[::-1]
-
-
-def forward_cost(model, length: int, repeats: int, device: torch.device) -> float:
-    """Seconds of one single-token forward with ``length`` cached tokens (decoding cost); the minimum over
-    ``repeats`` runs, which is the least noisy estimate on a shared machine."""
-    from specgraft.decoding import kv
-
-    ids = torch.randint(3, 100, (1, length + 1), device=device)
-    times = []
-    with torch.no_grad():
-        for _ in range(repeats):
-            cache = kv.new_cache()
-            model(input_ids=ids[:, :length], cache=cache, use_cache=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            model(input_ids=ids[:, length:], cache=cache, use_cache=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 class OracleDrafter(Drafter):
@@ -222,7 +189,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stories-dir", type=Path, default=STORIES_DIR,
                         help="folder with stories260K.bin and tok512.bin")
     parser.add_argument("--tinystories", type=Path, default=TINYSTORIES)
-    parser.add_argument("--draft", type=Path, help="a transformers draft model folder with the same vocab")
     parser.add_argument("--target", type=Path,
                         help="another target instead of stories260K: a transformers folder or a .gguf file "
                              "(e.g. SmolLM2-135M-Instruct, whose forward is maths rather than Python overhead)")
@@ -234,100 +200,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny models: 1 is fastest)")
     parser.add_argument("--oracle", action="store_true",
-                        help="measure the decoder's loop overhead per step with a zero-cost oracle drafter")
+                        help="(the only mode: accepted for older command lines)")
     parser.add_argument("--linear-kernels", nargs="+", choices=("stock", "weight-major"), default=["stock"],
-                        help="--oracle: the decode-time linear kernels to compare side by side, alternating per "
+                        help="the decode-time linear kernels to compare side by side, alternating per "
                              "prompt (see specgraft.kernels.linear; e.g. --linear-kernels stock weight-major)")
-    add_result_arguments(parser, "", default_help="decoder-overhead, with --oracle decoder-loop-overhead; "
-                         "-TARGET_NAME added with --target")
+    add_result_arguments(parser, "", default_help="decoder-loop-overhead, -TARGET_NAME added with --target")
     args = parser.parse_args(argv)
     if not args.result_name:
-        args.result_name = ("decoder-loop-overhead" if args.oracle else "decoder-overhead") + \
-            (f"-{args.target.stem}" if args.target is not None else "")
+        args.result_name = "decoder-loop-overhead" + (f"-{args.target.stem}" if args.target is not None else "")
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     prompts = held_out_prompts(args.tinystories, args.prompts)
-    if args.target is not None:
-        from specgraft.target import load_target
-
-        loaded = load_target(str(args.target), dtype=torch.float32, device=device)
-        target, tok = loaded.model.eval(), loaded.tokenizer
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = stories260k_target(Path(tmp) / "stories260K", args.stories_dir)
-            target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
-            tok = AutoTokenizer.from_pretrained(folder)
-    if args.oracle:
-        return oracle_overhead(target, tok, prompts, args, device)
-
-    methods: dict[str, SpeculativeDecoder] = {"plain": SpeculativeDecoder(target, tok)}
-    methods[f"self-k{K}"] = SpeculativeDecoder(target, tok, drafter=SelfDrafter(k=K))
-    cost = {"plain": 0.0, f"self-k{K}": 1.0}
-    if args.draft is not None:
-        draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=torch.float32).to(device).eval()
-        draft_tok = AutoTokenizer.from_pretrained(args.draft) if (args.draft / "tokenizer_config.json").exists() \
-            else None
-        methods[f"draft-k{K}"] = SpeculativeDecoder(target, tok, drafter=DraftModelDrafter(draft, k=K,
-                                                                                           tokenizer=draft_tok))
-        mid = min(64, target.config.max_position_embeddings // 2)
-        cost[f"draft-k{K}"] = forward_cost(draft, mid, 100, device) / forward_cost(target, mid, 100, device)
-
-    for dec in methods.values():  # warm-up
-        dec.generate(prompts[0], 16)
-    runs: dict[str, list[list[GenerationResult]]] = {name: [[] for _ in prompts] for name in methods}
-    for _ in range(args.repeats):
-        for i, prompt in enumerate(prompts):
-            for name, dec in methods.items():
-                runs[name][i].append(dec.generate(prompt, args.max_new_tokens))
-
-    baseline = [(r[0].num_new_tokens, statistics.median(x.wall_time_s for x in r)) for r in runs["plain"]]
-    rows, lossless = [], True
-    for name, per_prompt in runs.items():
-        first = [r[0] for r in per_prompt]
-        lossless &= all(a.generated_ids == b[0].generated_ids for a, b in zip(first, runs["plain"]))
-        timed = [(r[0].num_new_tokens, statistics.median(x.wall_time_s for x in r)) for r in per_prompt]
-        summary = metrics.summarize(first)
-        sp = metrics.speedup(baseline, timed)
-        tau = summary["tau"]
-        predicted = metrics.simulated_speedup(tau, K, cost[name]) if name != "plain" else 1.0
-        rows.append({
-            "method": name, "tau": tau, "tokens": sum(t for t, _ in timed),
-            "tokens_per_s": sum(t for t, _ in timed) / sum(s for _, s in timed),
-            "speedup_mean_of_ratios": sp["mean_of_ratios"], "speedup_ratio_of_totals": sp["ratio_of_totals"],
-            "speedup_per_tau": sp["ratio_of_totals"] / tau, "cost_ratio_c": cost[name],
-            "predicted_speedup": predicted, "efficiency": sp["ratio_of_totals"] / predicted,
-            "target_forwards_per_token": summary["target_forwards"] / max(summary["new_tokens"], 1),
-            "acceptance_by_depth": summary["acceptance_by_depth"],
-        })
-
-    print(f"stories260K on {device} ({args.threads} thread(s)), {len(prompts)} held-out prompts, "
-          f"max_new_tokens={args.max_new_tokens}, {args.repeats} repeats (median time per prompt), greedy")
-    header = (f"{'method':<10} {'tau':>5} {'tok/s':>8} {'speedup':>8} {'(totals)':>8} {'spd/tau':>8} {'c':>5} "
-              f"{'pred.':>6} {'effic.':>6} {'fwd/tok':>7}")
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        print(f"{r['method']:<10} {r['tau']:>5.2f} {r['tokens_per_s']:>8.1f} {r['speedup_mean_of_ratios']:>8.3f} "
-              f"{r['speedup_ratio_of_totals']:>8.3f} {r['speedup_per_tau']:>8.3f} {r['cost_ratio_c']:>5.2f} "
-              f"{r['predicted_speedup']:>6.3f} {r['efficiency']:>6.3f} {r['target_forwards_per_token']:>7.3f}")
-    print("speedup = mean of per-prompt tokens/s ratios vs plain; (totals) = ratio of total tokens/s; "
-          "pred. = tau / (k c + 1); effic. = speedup(totals) / pred.")
-    print(f"lossless (every method's tokens == plain greedy): {lossless}")
-    if args.draft is None:
-        print(f"draft-k{K}: not run (no --draft PATH given; pass a transformers draft model folder with the "
-              "target's 512-token vocabulary)")
-    figures = [{k: v for k, v in r.items() if k != "acceptance_by_depth"}
-               | {"acceptance_by_depth": " / ".join(f"{a:.2f}" for a in r["acceptance_by_depth"]),
-                  "lossless": lossless} for r in rows]
-    write_result(args.result_name, figures,
-                 title=f"Speculative-decoder efficiency on {args.target or 'stories260K'}: self-drafting (k={K}) "
-                       "against the forward-count model", dtype="float32", threads=args.threads,
-                 results_dir=args.results_dir,
-                 details={"device": str(device), "prompts": prompts, "max_new_tokens": args.max_new_tokens,
-                          "repeats": args.repeats, "draft": str(args.draft or "")})
-    return 0 if lossless else 1
-
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.target or stories260k_target(Path(tmp) / "stories260K", args.stories_dir)
+        loaded = load_target(str(folder), dtype=torch.float32, device=device)
+    target, tok = loaded.model, loaded.tokenizer
+    return oracle_overhead(target, tok, prompts, args, device)
 
 if __name__ == "__main__":
     sys.exit(main())

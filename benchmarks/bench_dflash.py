@@ -90,34 +90,28 @@ def tune_both(model_dir: Path, runs: dict[str, dict[str, Any]], split: dict[str,
     setting) for each; rows as :func:`evaluate` writes them, at the tuned and at the default setting."""
     import torch
 
-    from specgraft.evaluation.prompts import load_prompts, render_turn
+    from specgraft.evaluation.prompts import load_prompts
     from specgraft.evaluation.report import EvalSettings
-    from specgraft.heads import load_head
-    from specgraft.heads.registry import family_of
+    from specgraft.pipeline.tune import load_head_source, measure_cost_profile, profile_kv_length, tune_drafter
     from specgraft.target import load_target
-    from specgraft.tuning.cost import measure_profile
-    from specgraft.tuning.tune import TUNED_NAME, default_kv_length, kind_of, setting_label, tune
-    from specgraft.utils.io import atomic_write_json
+    from specgraft.tuning.tune import setting_label
 
     torch.set_num_threads(args.threads)
     prompts = load_prompts(split["prompts_file"])
     eval_settings = EvalSettings(max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup)
     target = load_target(model_dir)
-    heads = {name: load_head(target, runs[name]["head_dir"]).eval() for name, _ in RUNS}
-    lengths = [len(render_turn(target.tokenizer, p.turns, [])[1]) for p in prompts]
-    kv_length = default_kv_length(lengths, args.max_new_tokens)
+    sources = {name: load_head_source(target, Path(runs[name]["head_dir"])) for name, _ in RUNS}
+    kv_length = profile_kv_length(target, prompts, args.max_new_tokens)
     started = time.perf_counter()
-    profile = measure_profile(target, device="cpu", dtype="float32", threads=args.threads, kv_length=kv_length,
-                              heads=[(runs[n]["head_dir"], h, h.head_type) for n, h in heads.items()])
+    profile = measure_cost_profile(target, list(sources.values()), prompts, device="cpu", dtype="float32",
+                                   threads=args.threads, max_new_tokens=args.max_new_tokens, kv_length=kv_length)
     profile.save(work / "tune" / "cost_profile.json")
     print(f"  profile at KV length {kv_length}: {time.perf_counter() - started:.0f} s", flush=True)
     rows = []
-    for name, head in heads.items():
-        kind = kind_of(head.head_type)
-        result, record = tune(target, kind, head.head_type, head, Path(runs[name]["head_dir"]), prompts,
-                              work / "tune" / name, profile=profile, calibration=None, settings=eval_settings,
-                              prior=family_of(head).search.prior(head), progress=False)
-        atomic_write_json(Path(runs[name]["head_dir"]) / TUNED_NAME, record)
+    for name, source in sources.items():
+        kind = str(source.kind)
+        result = tune_drafter(source, prompts, work / "tune" / name, profile=profile, settings=eval_settings,
+                              progress=False)
         for which, candidate in (("tuned", result.chosen), ("default", result.default)):
             # the eval that measured this setting (the tuned one may be the second opinion's or the calibration's)
             report_dir = result.report_dir(which)

@@ -7,7 +7,9 @@ time"), ``dialogue`` (it starts with a quote) or ``narrative`` (anything else). 
 
     specgraft eval --target <stories260K> --drafter self --k 4 --prompts <prompts.jsonl> --out <out>
 
-and prints the per-domain table. stories260K has no chat template, so prompts are plain text + BOS.
+and prints the per-domain table (tau, speedup, draft and verification cost per step: the decoder's end-to-end
+efficiency; ``benchmarks/bench_decoder_overhead.py`` measures its loop overhead alone). ``--draft DIR`` evaluates a
+draft model with stories260K's vocabulary instead. stories260K has no chat template, so prompts are plain text + BOS.
 
     python benchmarks/bench_eval_stories.py --out /tmp/eval_stories
     python benchmarks/bench_eval_stories.py --out /tmp/eval_stories --per-domain 10 --max-new-tokens 128 --repeats 3
@@ -33,7 +35,9 @@ def main() -> int:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: a tiny model gains nothing)")
-    parser.add_argument("--drafter", default="self", help="self or random (or use the CLI directly for others)")
+    parser.add_argument("--drafter", default="self", help="self or random (or use the CLI directly for heads)")
+    parser.add_argument("--draft", type=Path, help="a draft model folder with stories260K's vocabulary instead of "
+                                                   "--drafter")
     add_result_arguments(parser, "eval-stories260k")
     args = parser.parse_args()
 
@@ -44,7 +48,8 @@ def main() -> int:
     model_dir = stories260k_target(args.out / "stories260K")
     prompts = write_jsonl(held_out_prompts(TINYSTORIES, args.per_domain), args.out / "tinystories_prompts.jsonl")
     print(f"{len(prompts.read_text(encoding='utf-8').splitlines())} prompts in {prompts}")
-    code = cli_main(["eval", "--target", str(model_dir), "--drafter", args.drafter, "--k", str(args.k),
+    which = ["--draft", str(args.draft)] if args.draft is not None else ["--drafter", args.drafter]
+    code = cli_main(["eval", "--target", str(model_dir), *which, "--k", str(args.k),
                      "--prompts", str(prompts), "--out", str(args.out / "report"),
                      "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats), "--warmup", "2",
                      "--device", "cpu", "--threads", str(args.threads)])
@@ -52,9 +57,11 @@ def main() -> int:
         return code
     report = json.loads((args.out / "report" / "report.json").read_text(encoding="utf-8"))
     sections = [*report["domains"].items(), ("overall", report["overall"])]
-    write_result(args.result_name, [{"drafter": f"{args.drafter} k={args.k}", "domain": domain, **eval_figures(d)}
-                                    for domain, d in sections],
-                 title=f"`specgraft eval` on stories260K, {args.drafter} drafter, held-out TinyStories prompts",
+    drafter = f"{args.draft or args.drafter} k={args.k}"
+    write_result(args.result_name,
+                 [{"drafter": drafter, "domain": domain, **eval_figures(d)} for domain, d in sections],
+                 title=f"`specgraft eval` on stories260K, {'a draft model' if args.draft else args.drafter} "
+                       "drafter, held-out TinyStories prompts",
                  dtype="float32", threads=args.threads, results_dir=args.results_dir,
                  details={"max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
                           "prompts_per_domain": args.per_domain})

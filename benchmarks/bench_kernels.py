@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -41,14 +40,14 @@ from typing import Any
 
 import torch
 from benchlib.results import add_result_arguments, write_result
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from benchlib.stories import stories260k_target
 
 from specgraft.decoding.decoder import SpeculativeDecoder
 from specgraft.errors import SpecgraftError
 from specgraft.kernels.exact_attention import apply_attention_kernel
+from specgraft.target import load_target
 from specgraft.testing import TINY_ARCHITECTURES, builtin_drafters, tiny_model
 
-SHARED = Path(os.environ.get("SPECGRAFT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 KERNELS = ("stock", "gqa", "exact")
 DTYPES = ("float32", "bfloat16")
 STORY_PROMPTS = ("", "Once upon a time, there was a little girl named Lily. She loved to")
@@ -243,15 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         return finish(figures, details, args, before, threads=reused.get("threads"),
                       dtype=reused.get("dtype") or ", ".join(args.dtypes))
     torch.set_num_threads(args.threads)
-    from specgraft.llama2c import convert_llama2c
-
     identity_rows: list[dict[str, Any]] = []
     step_rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        src = SHARED / "models" / "stories260K"
-        convert_llama2c(src / "stories260K.bin", src / "tok512.bin", Path(tmp) / "s260k")
-        stories = AutoModelForCausalLM.from_pretrained(Path(tmp) / "s260k", dtype=torch.float32).eval()
-        tokenizer = AutoTokenizer.from_pretrained(Path(tmp) / "s260k")
+        loaded = load_target(stories260k_target(Path(tmp) / "s260k"), dtype="float32")
+        stories, tokenizer = loaded.model, loaded.tokenizer
     prompts = [[1] + tokenizer.encode(text, add_special_tokens=False) for text in STORY_PROMPTS]
     if not args.skip_identity:
         if not args.models or "stories260K" in args.models:
@@ -265,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_step:
         step_rows += plain_step("stories260K", stories, prompts[1], args.step_tokens, args.repeats)
     if args.smollm2 is not None:
-        smol = AutoModelForCausalLM.from_pretrained(args.smollm2, dtype=torch.float32).eval()
-        smol_tok = AutoTokenizer.from_pretrained(args.smollm2)
+        smol_target = load_target(args.smollm2, dtype="float32")
+        smol, smol_tok = smol_target.model, smol_target.tokenizer
         ids = smol_tok.encode("Write a short story about a robot who learns to paint.")
         step_rows += plain_step("SmolLM2-135M", smol, ids, min(args.step_tokens, 128), args.repeats)
     figures: dict[str, list[dict[str, Any]]] = {}

@@ -1,9 +1,9 @@
 """The ``specgraft`` command line: one entry point, a subcommand per capability.
 
 Subcommand modules are imported only when used, and a subcommand's parser module imports no heavy library:
-``specgraft --help`` and ``specgraft CMD --help`` never load torch (tests/test_cli_startup.py). Each module exposes
-``add_arguments(parser)`` and ``run(args) -> int``; the commands whose implementation is heavy have theirs in
-:mod:`specgraft.commands`, whose ``run`` imports the implementation. The one-line help is :data:`COMMANDS`'.
+``specgraft --help`` and ``specgraft CMD --help`` never load torch (tests/test_cli_startup.py). Each command is one
+module of :mod:`specgraft.commands` exposing ``add_arguments(parser)`` and ``run(args) -> int``, which turns the
+arguments into typed calls of the library (imported only then). The one-line help is :data:`COMMANDS`'.
 A :class:`~specgraft.errors.SpecgraftError` is printed as one ``error:`` line (exit 2), never a traceback. So are
 the environment's errors (an ``OSError``: disk full, permission denied, a path component that is a file, a name too
 long) and the errors libraries raise on input they reject (``ValueError``, ``RuntimeError``, ...): those get the
@@ -28,8 +28,9 @@ from specgraft.errors import SpecgraftError
 
 #: subcommand -> (module, one-line help). The help is duplicated here so `--help` needs no heavy imports.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("specgraft.train.cli", "Train a draft head (Medusa-1/2, EAGLE-1/2, EAGLE-3, DFlash) from a YAML recipe."),
-    "distill": ("specgraft.distill.cli", "Distill a standalone draft model on the target's outputs."),
+    "train": ("specgraft.commands.train",
+              "Train a draft head (Medusa-1/2, EAGLE-1/2, EAGLE-3, DFlash) from a YAML recipe."),
+    "distill": ("specgraft.commands.distill", "Distill a standalone draft model on the target's outputs."),
     "eval": ("specgraft.commands.eval", "Measure tau, acceptance and speedup per domain with the lossless decoder."),
     "simulate": ("specgraft.commands.simulate", "Predict tau and speedup for another setting from closed forms."),
     "profile": ("specgraft.commands.profile", "Measure this device's cost of verifying N tokens and of each drafter."),
@@ -41,9 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
                    "Rewrite assistant turns with the target (self-distillation data)."),
     "convert-llama2c": ("specgraft.commands.convert_llama2c",
                         "Convert a llama2.c checkpoint + tokenizer to a transformers folder."),
-    "convert-gguf": ("specgraft.gguf", "Convert a .gguf file (dequantized) to a transformers folder."),
-    "recipe": ("specgraft.recipe_cli", "Validate recipes and print the fully resolved configuration."),
-    "demo": ("specgraft.demo", "Run the end-to-end demo: train, evaluate, tune and export every drafter (CPU)."),
+    "convert-gguf": ("specgraft.commands.convert_gguf", "Convert a .gguf file (dequantized) to a transformers folder."),
+    "recipe": ("specgraft.commands.recipe", "Validate recipes and print the fully resolved configuration."),
+    "demo": ("specgraft.commands.demo",
+             "Run the end-to-end demo: train, evaluate, tune and export every drafter (CPU)."),
 }
 
 

@@ -18,7 +18,6 @@ kept as the reference the fast tokenizer is tested against.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import struct
@@ -442,12 +441,3 @@ def convert_llama2c(
             model.save_pretrained(tmp, safe_serialization=True)  # also writes generation_config.json
             tok.save_pretrained(tmp)
     return out_dir
-
-
-def run(args: argparse.Namespace) -> int:
-    """Convert, then print the output folder and the parameter count."""
-    out = convert_llama2c(args.checkpoint, args.tokenizer, args.out, overwrite=args.overwrite)
-    n_params = read_llama2c_header(args.checkpoint).n_params
-    print(out)
-    print(f"parameters: {n_params:,}")
-    return 0

@@ -315,12 +315,17 @@ def load_target(
     revision: str | None = None,
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    flag: str | None = None,
+    with_tokenizer: bool = True,
 ) -> Target:
     """Load and freeze a target from a local folder, a Hub id, a ``.gguf`` file or an in-memory model.
 
     The tokenizer is loaded from the same place when not given (a missing tokenizer is allowed for in-memory
     models only). A ``.gguf`` is converted once into a cached folder (:func:`specgraft.gguf.resolve_model_path`);
     the target keeps the GGUF path as its name and records the file's hash in its identity's ``source``.
+    ``flag``: the command-line flag that named the model, quoted by a tokenizer that fails to load. This is the one
+    model loader: targets, draft models and regeneration all load through it. ``with_tokenizer=False``: a model
+    whose folder holds no tokenizer (a draft model checked by its vocabulary size alone) gets none.
     """
     if isinstance(model, PreTrainedModel):
         if device is not None:
@@ -350,10 +355,11 @@ def load_target(
     loaded = AutoModelForCausalLM.from_pretrained(name, **kwargs)
     if device is not None:
         loaded = loaded.to(device)
-    if tokenizer is None:
-        tokenizer = load_tokenizer(name, name, "save the tokenizer beside the model with "
-                                   "tokenizer.save_pretrained (a hand-edited tokenizer.json must stay valid)",
-                                   revision=revision, trust_remote_code=trust_remote_code)
+    if tokenizer is None and with_tokenizer:
+        what, fix = ((f"{flag} {given}", f"check {flag} (a hand-edited tokenizer.json must stay valid)") if flag else
+                     (name, "save the tokenizer beside the model with tokenizer.save_pretrained (a hand-edited "
+                            "tokenizer.json must stay valid)"))
+        tokenizer = load_tokenizer(name, what, fix, revision=revision, trust_remote_code=trust_remote_code)
     gguf_source = read_source(local) if local.is_dir() else None
     return Target(loaded, tokenizer, name_or_path=given, source=gguf_source.describe() if gguf_source else None)
 

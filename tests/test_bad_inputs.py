@@ -350,7 +350,7 @@ def test_real_process_exit_code_and_no_traceback(world):
 
 def _failing_command(monkeypatch, exc: BaseException) -> None:
     """`specgraft recipe ...` raising ``exc`` from inside the command."""
-    import specgraft.recipe_cli as recipe_cli
+    import specgraft.commands.recipe as recipe_cli
 
     def run(args):
         raise exc
@@ -400,8 +400,8 @@ def test_verbose_adds_the_traceback(monkeypatch, capsys):
     ("recipe", "rerun the command"),
 ])
 def test_interrupt_names_the_actual_rerun(monkeypatch, capsys, command, hint):
-    import specgraft.recipe_cli as recipe_cli
-    import specgraft.train.cli as train_cli
+    import specgraft.commands.recipe as recipe_cli
+    import specgraft.commands.train as train_cli
 
     def interrupted(args):
         raise KeyboardInterrupt
@@ -422,7 +422,7 @@ def test_error_after_a_progress_bar_starts_its_own_line(monkeypatch, capsys):
         bar.update(1)
         raise SpecgraftError("the loss became nan at step 2")
 
-    import specgraft.recipe_cli as recipe_cli
+    import specgraft.commands.recipe as recipe_cli
 
     monkeypatch.setattr(recipe_cli, "run", fails_mid_bar)
     assert cli_main(["recipe", "check", "x.yaml"]) == 2

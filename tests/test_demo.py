@@ -8,7 +8,7 @@ import pytest
 
 from specgraft.cli import main as cli_main
 from specgraft.defaults.corpus import DOMAINS, prompt_cuts
-from specgraft.demo import QUICK
+from specgraft.demos.stories import QUICK
 
 
 @pytest.mark.slow

@@ -13,7 +13,14 @@ import yaml
 
 from specgraft.cli import main as cli_main
 from specgraft.config import load_recipe, to_dict
-from specgraft.demo_smollm2 import RECIPE_SECTIONS, SMOLLM2_FULL, SMOLLM2_QUICK, run_smollm2_demo, smollm2_recipe
+from specgraft.demos.smollm2 import (
+    RECIPE_KINDS,
+    SMOLLM2_FULL,
+    SMOLLM2_QUICK,
+    recipe_sections,
+    run_smollm2_demo,
+    smollm2_recipe,
+)
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 CHATS = [
@@ -33,7 +40,7 @@ PROMPTS = [
 ]
 
 
-@pytest.mark.parametrize("kind", sorted(RECIPE_SECTIONS))
+@pytest.mark.parametrize("kind", sorted(RECIPE_KINDS))
 def test_the_demo_trains_with_the_shipped_smollm2_recipes(kind, tmp_path):
     """Everything but the budget (steps, lengths, paths) equals recipes/<kind>/smollm2-135m-instruct.yaml."""
     folder = "distill" if kind == "distill" else kind
@@ -41,11 +48,11 @@ def test_the_demo_trains_with_the_shipped_smollm2_recipes(kind, tmp_path):
     demo = to_dict(smollm2_recipe(kind, tmp_path / "target", tmp_path / "train.jsonl", tmp_path / kind,
                                   SMOLLM2_FULL))
     section = "distill" if kind == "distill" else "head"
-    pinned = {k for k in RECIPE_SECTIONS[kind][section] if k != "type"}
+    pinned = {k for k in recipe_sections(kind)[section] if k != "type"}
     assert {k: demo[section][k] for k in pinned} == {k: shipped[section][k] for k in pinned}
     if kind != "distill":
         assert demo["head"]["type"] == shipped["head"]["type"] == kind
-    for key in RECIPE_SECTIONS[kind]["training"]:
+    for key in recipe_sections(kind)["training"]:
         assert demo["training"][key] == shipped["training"][key], key
     assert demo["model"]["dtype"] == shipped["model"]["dtype"] == "float32"
     assert demo["training"]["max_steps"] == {"medusa": SMOLLM2_FULL.medusa_steps, "eagle3": SMOLLM2_FULL.eagle3_steps,

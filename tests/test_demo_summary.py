@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specgraft.demo_steps import write_summary
+from specgraft.demos.steps import write_summary
 
 
 def _report(tau: float, speedup: float, domains: dict[str, float]) -> dict:

@@ -292,7 +292,7 @@ def test_cli_module_and_script(tiny_files, tmp_path, capsys):
     parser = argparse.ArgumentParser()
     convert_command.add_arguments(parser)
     out = tmp_path / "cli_out"
-    assert llama2c.run(parser.parse_args([str(ckpt), str(tok_path), "--out", str(out)])) == 0
+    assert convert_command.run(parser.parse_args([str(ckpt), str(tok_path), "--out", str(out)])) == 0
     n_params = load_llama2c_model(ckpt).num_parameters()
     # The last lines: importing DeepSpeed (through accelerate) may first log its accelerator choice to stdout.
     assert capsys.readouterr().out.splitlines()[-2:] == [str(out), f"parameters: {n_params:,}"]

@@ -109,15 +109,15 @@ def prepare_stories260k(work: Path, per_domain: int) -> tuple[Path, dict[str, An
 
 def evaluate_heads(model_dir: Path, runs: list[dict[str, Any]], split: Mapping[str, Any], work: Path,
                    args: argparse.Namespace, modes: tuple[str, ...] = ("tree", "chain")) -> list[dict[str, Any]]:
-    """``run_eval`` of every online head of ``runs`` (:func:`benchlib.stages.train_one` records) on the held-out
+    """The evaluation (:func:`specgraft.pipeline.evaluate.evaluate`) of every online head of ``runs``
+    (:func:`benchlib.stages.train_one` records) on the held-out
     prompts in each drafting mode (greedy, ``args.max_new_tokens``, ``args.repeats``, ``args.warmup``,
     ``args.threads``); the report.json facts per (head, mode)."""
     import torch
 
     from specgraft.evaluation.prompts import load_prompts
-    from specgraft.evaluation.report import EvalSettings, describe_drafter, run_eval
-    from specgraft.heads import load_head
-    from specgraft.heads.registry import family_of
+    from specgraft.evaluation.report import EvalSettings
+    from specgraft.pipeline.evaluate import DrafterChoice, evaluate, load_drafter
     from specgraft.target import load_target
 
     torch.set_num_threads(args.threads)
@@ -128,14 +128,14 @@ def evaluate_heads(model_dir: Path, runs: list[dict[str, Any]], split: Mapping[s
     for run in runs:
         if run["features"] != "online":
             continue
-        head = load_head(target, run["head_dir"])
-        head.eval()
         for mode in modes:
-            drafter = family_of(head).drafter(head, {"mode": mode})  # any family, through the registry
-            info = {**describe_drafter(drafter), "type": run["head"], "path": run["head_dir"]}
+            # any family, through the registry, at its defaults for the mode (as `specgraft eval --mode` drafts)
+            choice = DrafterChoice(head=Path(run["head_dir"]), mode=mode, use_tuned=False)
+            loaded = load_drafter(target, choice, dtype="float32", device="cpu", linear_kernel="stock",
+                                  attention_kernel="stock")
             start = time.perf_counter()
-            report = run_eval(target, drafter, prompts, work / "eval" / f"{run['head']}-{mode}", settings=settings,
-                              drafter_info=info, progress=False)
+            report = evaluate(loaded, prompts, work / "eval" / f"{run['head']}-{mode}", settings=settings,
+                              progress=False)
             overall = report["overall"]
             rows.append({"head": run["head"], "mode": mode, "drafter": report["drafter"],
                          "eval_wall_s": time.perf_counter() - start, "overall": overall,

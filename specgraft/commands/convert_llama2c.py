@@ -1,4 +1,5 @@
-"""``specgraft convert-llama2c``'s arguments; the command is :func:`specgraft.llama2c.run`."""
+"""``specgraft convert-llama2c``: its arguments, and the command as a call of
+:func:`specgraft.llama2c.convert_llama2c`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The command itself, in :mod:`specgraft.llama2c` (imported only now: it loads torch)."""
-    from specgraft.llama2c import run as convert
+    """Convert, then print the output folder and the parameter count."""
+    from specgraft.llama2c import convert_llama2c, read_llama2c_header
 
-    return convert(args)
+    out = convert_llama2c(args.checkpoint, args.tokenizer, args.out, overwrite=args.overwrite)
+    n_params = read_llama2c_header(args.checkpoint).n_params
+    print(out)
+    print(f"parameters: {n_params:,}")
+    return 0

@@ -1,9 +1,18 @@
-"""``specgraft eval``'s arguments; the command is :func:`specgraft.evaluation.runner.run`."""
+"""``specgraft eval``: its arguments, and the command as a call of :mod:`specgraft.pipeline.evaluate`.
+
+``specgraft eval --target PATH (--head DIR | --draft DIR | --drafter self|random) --prompts FILE... --out DIR``
+decodes every prompt with the drafter and with plain decoding of the same target (the baseline), groups the
+results by domain and writes report.json, report.md, answers.jsonl and three PNG plots into ``--out`` (see
+:mod:`specgraft.evaluation.report`): a new or empty folder (``--overwrite`` replaces an earlier report), locked
+while the run writes so that two evals cannot mix their files. The drafters and their settings:
+:mod:`specgraft.pipeline.evaluate`.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from specgraft.commands.flags import add_attention_kernel_argument, add_linear_kernel_argument
 from specgraft.evaluation.settings import BUILTIN_DRAFTERS, DEFAULT_K, EvalSettings
@@ -63,7 +72,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The command itself, in :mod:`specgraft.evaluation.runner` (imported only now: it loads torch)."""
-    from specgraft.evaluation.runner import run as evaluate
+    """Validate the inputs (cheap checks first), load target, drafter and prompts, evaluate, print the table."""
+    from specgraft.evaluation.loading import device_and_dtype
+    from specgraft.evaluation.prompts import load_prompts
+    from specgraft.evaluation.report import REPORT_JSON, REPORT_MD
+    from specgraft.pipeline.evaluate import DrafterChoice, evaluate, load_drafter
+    from specgraft.target import load_target
+    from specgraft.utils.outputs import check_output, writing_output
 
-    return evaluate(args)
+    settings = EvalSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, repeats=args.repeats, warmup=args.warmup,
+                            ignore_eos=args.ignore_eos)
+    settings.validate()
+    inputs = [args.target, args.head, args.draft, *args.prompts]  # an --out containing one is refused
+    check_output(args.out, "eval", overwrite=args.overwrite, inputs=inputs)  # before the slow part
+    prompts = load_prompts(args.prompts, domain_field=args.domain_field, prompt_field=args.prompt_field,
+                           limit_per_domain=args.limit_per_domain)
+    device, dtype = device_and_dtype(args.device, args.dtype, args.threads)
+    target = load_target(args.target, dtype=dtype, device=device)
+    choice = DrafterChoice(head=args.head, draft=args.draft, builtin=args.drafter, k=args.k, mode=args.mode,
+                           tree_size=args.tree_size, branching=args.branching, eagle_top_k=args.eagle_top_k,
+                           use_tuned=not args.no_tuned)
+    loaded = load_drafter(target, choice, dtype=dtype, device=device, linear_kernel=args.linear_kernel,
+                          attention_kernel=args.attention_kernel)
+    # Checked again under the lock: another run may have finished into it while this one loaded.
+    with writing_output(args.out, "eval", overwrite=args.overwrite, inputs=inputs, clear=True):
+        report = evaluate(loaded, prompts, args.out, settings=settings, progress=not args.no_progress)
+    print_summary(report)
+    print(f"wrote {args.out / REPORT_JSON}, {args.out / REPORT_MD}, answers and plots to {args.out}")
+    return 0
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    """The report's per-domain table and its lossless check."""
+    from specgraft.evaluation.report import render_markdown
+
+    table = [line for line in render_markdown(report).splitlines() if line.startswith("|")]
+    print("\n".join(table))
+    overall = report.get("overall") or {}
+    print(f"lossless check: {overall.get('lossless_check')}")

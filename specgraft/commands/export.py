@@ -1,4 +1,15 @@
-"""``specgraft export``'s arguments; the command is :func:`specgraft.export.cli.run`."""
+"""``specgraft export``: its arguments, and the command as a call of :func:`specgraft.export.exporter.export_head`.
+
+``specgraft export HEAD_DIR --format F --out DIR`` writes a folder the engine serves as is (safetensors weights,
+``config.json`` consistent with the target), plus a ``README.md`` model card and ``specgraft_export.json``.
+
+Formats: ``llamacpp`` (EAGLE-3: one GGUF, ``draft.gguf``, for ``llama-server -md ... --spec-type draft-eagle3``;
+needs ``--target-gguf``), ``vllm`` (Medusa: MedusaModel; EAGLE-1: EagleLlamaForCausalLM; EAGLE-3: speculators layout,
+so ``vllm serve DIR`` needs no flags), ``sglang`` (EAGLE-1, EAGLE-3), ``trtllm`` (Medusa: FasterDecoding layout for
+the Medusa converter; EAGLE-3: PyTorch backend), ``native`` (specgraft's own folder). vLLM exports of EAGLE heads
+get ``-eagle-1`` / ``-eagle3`` appended to the folder name when it lacks the marker vLLM's name detection needs
+(``--keep-name`` keeps it as given).
+"""
 
 from __future__ import annotations
 
@@ -41,7 +52,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The command itself, in :mod:`specgraft.export.cli` (imported only now: it loads torch)."""
-    from specgraft.export.cli import run as export
+    """Export the head and print where its files went, with the exporter's notes and warnings."""
+    import sys
 
-    return export(args)
+    from specgraft.export.exporter import export_head
+
+    result = export_head(
+        args.head_dir, args.format, args.out, target=args.target, overwrite=args.overwrite, report=args.report,
+        repo_id=args.repo_id, base_model=args.base_model, dtype=args.dtype, keep_name=args.keep_name,
+        speculative_tokens=args.speculative_tokens, license=args.license, target_gguf=args.target_gguf,
+    )
+    print(f"exported the {result.head_type} head as {result.format} to {result.path}")
+    for name in result.files:
+        print(f"  {name}")
+    for note in result.notes:
+        print(f"note: {note}")
+    for warning in result.warnings:
+        print(f"WARNING: {warning}", file=sys.stderr)
+    return 0

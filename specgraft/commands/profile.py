@@ -1,12 +1,14 @@
-"""``specgraft profile``'s arguments; the command is :func:`specgraft.tuning.cost.run` (``--engine llamacpp``:
-:func:`specgraft.tuning.llamacpp.run_profile`)."""
+"""``specgraft profile``: its arguments, and the command as a call of :func:`specgraft.tuning.cost.measure_profile`
+(``--engine llamacpp``: :func:`specgraft.commands.engine_tuning.run_profile`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from specgraft.commands.flags import add_attention_kernel_argument, add_linear_kernel_argument
+from specgraft.errors import SpecgraftError
 from specgraft.tuning.settings import (
     DEFAULT_KV_LENGTH,
     DEFAULT_REPEATS,
@@ -61,16 +63,69 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The command itself, in :mod:`specgraft.tuning.cost` (imported only now: it loads torch)."""
+    """Measure and write the profile (locked, into a new file or over an earlier profile only)."""
     if args.engine != "llamacpp" and args.draft_gguf is not None:
-        from specgraft.errors import SpecgraftError
-
         raise SpecgraftError("--draft-gguf is a llama.cpp draft: add --engine llamacpp (specgraft's decoder takes "
                              "--head/--draft folders)")
     if args.engine == "llamacpp":
-        from specgraft.tuning.llamacpp import run_profile
+        from specgraft.commands.engine_tuning import run_profile
 
         return run_profile(args)
-    from specgraft.tuning.cost import run as profile
+    from specgraft.utils.outputs import writing_output
 
-    return profile(args)
+    inputs = [args.target, *args.head, *args.draft]
+    with writing_output(args.out, "profile", overwrite=args.overwrite, inputs=inputs, file=True):
+        return _profile(args)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    import torch
+
+    from specgraft.evaluation.loading import device_and_dtype
+    from specgraft.heads.base import read_head_config
+    from specgraft.kernels.exact_attention import apply_attention_kernel
+    from specgraft.kernels.linear import apply_linear_kernel
+    from specgraft.pipeline.tune import load_draft_source, load_head_source
+    from specgraft.target import load_target
+    from specgraft.tuning.cost import check_measure_args, measure_profile
+
+    check_measure_args(args.kv_length, args.repeats)
+    for head_dir in args.head:
+        read_head_config(head_dir)  # cheap check before loading the target
+    device, dtype = device_and_dtype(args.device, args.dtype, args.threads)
+    target = load_target(args.target, dtype=dtype, device=device)
+    heads = [load_head_source(target, head_dir, require_search=False) for head_dir in args.head]
+    drafts = [load_draft_source(target, path, dtype=dtype, device=device) for path in args.draft]
+    apply_attention_kernel(args.attention_kernel, target.model)
+    kernel = apply_linear_kernel(args.linear_kernel, device, dtype, target.model, *(s.module for s in heads),
+                                 *(s.module for s in drafts))
+    profile = measure_profile(target, device=device, dtype=dtype, threads=torch.get_num_threads(),
+                              kv_length=args.kv_length, token_counts=args.token_counts, repeats=args.repeats,
+                              heads=[(str(s.folder), s.module, s.head_type) for s in heads],
+                              drafts=[(str(s.folder), s.module) for s in drafts], linear_kernel=kernel)
+    profile.save(args.out)
+    print_profile(profile)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def print_profile(profile: Any) -> None:
+    """The profile's step costs per token count and each drafter's costs."""
+    base = profile.plain_step_s
+    print(f"device: {profile.device} ({profile.device_name}), {profile.dtype}, {profile.threads} thread(s), "
+          f"KV length {profile.kv_length}, {profile.linear_kernel} linear kernel, {profile.attention_kernel} "
+          "attention")
+    print("tokens verified | chain step (x plain) | tree step (x plain)")
+    for n in sorted(profile.step_s["chain"]):
+        tree = profile.step_s["tree"].get(n)
+        print(f"{n:>15} | {profile.step_s['chain'][n] * 1e3:8.3f} ms ({profile.step_s['chain'][n] / base:4.2f}x) | "
+              + (f"{tree * 1e3:8.3f} ms ({tree / base:4.2f}x)" if tree else "-"))
+    for label, section in profile.drafters.items():
+        cells = []
+        for table in ("per_call_s", "chain_s"):
+            for key, value in (section.get(table) or {}).items():
+                if isinstance(value, dict):  # Medusa: heads -> nodes -> seconds
+                    cells += [f"{key} heads/{n} nodes {v * 1e3:.2f} ms" for n, v in value.items()]
+                else:
+                    cells.append(f"{key} {value * 1e3:.2f} ms")
+        print(f"drafter {label} ({section['kind']}): " + ", ".join(cells))

@@ -1,4 +1,4 @@
-"""``specgraft push``'s arguments; the command is :func:`specgraft.export.push.run`."""
+"""``specgraft push``: its arguments, and the command as a call of :func:`specgraft.export.push.push_folder`."""
 
 from __future__ import annotations
 
@@ -26,7 +26,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The command itself, in :mod:`specgraft.export.push` (imported only now: it loads torch)."""
-    from specgraft.export.push import run as push
+    """Push the folder (or list what would be pushed) and print what went where."""
+    from specgraft.export.push import CARD_NAME, format_size, push_folder
 
-    return push(args)
+    plan, info = push_folder(args.dir, args.repo_id, private=args.private, revision=args.revision,
+                             commit_message=args.commit_message, dry_run=args.dry_run, overwrite=args.overwrite,
+                             token_env=args.token_env, base_model=args.base_model)
+    for warning in plan.warnings:
+        print(f"WARNING: {warning}")
+    verb = "would upload" if args.dry_run else "uploaded"
+    branch = args.revision or "main"
+    visibility = "private" if (args.private if plan.private is None else plan.private) else "public"
+    print(f"{verb} {len(plan.files)} files ({format_size(sum(s for _, s in plan.files))}) to {args.repo_id} "
+          f"({visibility}, revision {branch}):")
+    for name, size in plan.files:
+        extra = f" (model card regenerated for {args.repo_id})" if name == CARD_NAME and plan.card_regenerated else ""
+        print(f"  {name}  {format_size(size)}{extra}")
+    if info is not None:
+        url = getattr(info, "commit_url", None) or getattr(info, "oid", None)
+        if url:
+            print(f"commit: {url}")
+    return 0

@@ -15,12 +15,9 @@ process merges the parts into ``<out>`` atomically once all rows are done.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -35,10 +32,7 @@ from specgraft.data.generate import generate_batch, generation_config, ids_past_
 from specgraft.data.tokenize import prompt_ids, stop_token_ids, text_prompt_ids, tokenizer_key, with_system_prompt
 from specgraft.errors import SpecgraftError
 from specgraft.utils.io import atomic_path, atomic_write_json
-from specgraft.utils.models import load_tokenizer
-from specgraft.utils.outputs import file_lock, refuse_inputs
 from specgraft.utils.seeds import derive_seed
-from specgraft.utils.threads import set_torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -80,77 +74,6 @@ class RegenerateStats:
         )
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# CLI
-
-
-def _check_out_path(out: Path, inputs: list[Any]) -> None:
-    """``--out`` must be a new file (no input), or the output of an unfinished run (its ``.parts`` folder
-    exists)."""
-    refuse_inputs(out, inputs)
-    if out.is_dir():
-        raise SpecgraftError(f"--out {out} is a folder; pass the path of the JSONL file to write")
-    if out.exists() and not out.with_name(out.name + ".parts").exists():
-        raise SpecgraftError(f"--out {out} exists already (a finished regeneration, or another file); delete it or "
-                             "choose another --out")
-
-
-def run(args: argparse.Namespace) -> int:
-    """``specgraft regenerate``: load the target and the data, regenerate, report throughput."""
-
-    set_torch_threads(args.threads)
-    for name in ("batch_size", "max_new_tokens"):
-        if getattr(args, name) < 1:
-            raise SpecgraftError(f"--{name.replace('_', '-')} is {getattr(args, name)}; use a positive number")
-    if not 0 <= args.temperature < math.inf or not 0 < args.top_p <= 1:  # `not` form: NaN fails too
-        raise SpecgraftError("--temperature must be a finite number >= 0 and --top-p in (0, 1]; fix the arguments")
-    _check_out_path(Path(args.out), [args.model, args.data])
-    if args.num_samples is not None and args.num_samples < 1:
-        raise SpecgraftError(f"--num-samples is {args.num_samples}; use a positive count")
-    state = partial_state()
-    # One regeneration per --out at a time (two would each find the other's parts "damaged"); the processes of
-    # a multi-process launch share one output and coordinate through its parts.
-    out = Path(args.out)
-    lock = (file_lock(out, "regenerate", keep=out.with_name(out.name + ".parts")) if state.num_processes == 1
-            else contextlib.nullcontext())
-    with lock:
-        return _regenerate(args, state)
-
-
-def _regenerate(args: argparse.Namespace, state: Any) -> int:
-    from specgraft.data.readers import is_conversations, load_records, subsample
-
-    _check_out_path(Path(args.out), [args.model, args.data])  # again, under the lock
-    model, tokenizer = load_model(args.model, args.dtype, state.device)
-    with state.main_process_first():
-        records = load_records(args.data, args.format)
-    if not is_conversations(records):
-        raise SpecgraftError(f"{args.data} holds plain text; regenerate needs conversations (ShareGPT or messages)")
-    records = subsample(records, args.num_samples, args.seed)
-    stats = regenerate(
-        model,
-        tokenizer,
-        records,
-        args.out,
-        batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        use_chat_template=not args.no_chat_template,
-        system_prompt=args.system_prompt,
-        first_reply_only=args.first_reply_only,
-        show_progress=not args.no_progress,
-        settings={"data": str(Path(args.data).resolve()), "format": args.format, "num_samples": args.num_samples},
-    )
-    if state.is_main_process:
-        print(stats.summary())
-        print(f"wrote {args.out}")
-    # Tear gloo/NCCL down before interpreter exit: leftover communicator threads can abort the process.
-    state.destroy_process_group()
-    return 0
-
-
 def partial_state() -> Any:
     """accelerate's process state; CPU-only multi-process launches (torchrun, gloo) are recognised as such.
 
@@ -163,36 +86,14 @@ def partial_state() -> Any:
     return PartialState(cpu=launched and not torch.cuda.is_available())
 
 
-def load_model(path: str, dtype: str = "auto", device: Any = None) -> tuple[Any, Any]:
-    """Load a causal LM and its tokenizer for generation (fp32 on CPU unless asked otherwise).
-
-    Raises:
-        SpecgraftError: the path does not exist, or transformers cannot load it.
-    """
+def generation_dtype(dtype: str, device: Any) -> str:
+    """``auto``: bfloat16 on a GPU that supports it, float32 otherwise; any other name as given."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from specgraft.gguf import resolve_model_path
-
-    path = resolve_model_path(path)  # a .gguf becomes its cached converted folder
-    local = Path(path).expanduser()
-    if not local.exists() and (path.startswith((".", "/", "~")) or path.count("/") > 1):
-        raise SpecgraftError(f"model path {path} does not exist; pass --model a folder saved with save_pretrained "
-                             "or a Hub id")
+    if dtype != "auto":
+        return dtype
     device = torch.device(device) if device is not None else torch.device("cpu")
-    if dtype == "auto":
-        on_bf16_gpu = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        torch_dtype = torch.bfloat16 if on_bf16_gpu else torch.float32
-    else:
-        torch_dtype = getattr(torch, dtype)
-    name = str(local) if local.exists() else path
-    tokenizer = load_tokenizer(name, f"--model {path}", "check --model (a hand-edited tokenizer.json must stay valid)")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype)
-    except (OSError, ValueError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise SpecgraftError(f"could not load model {path} ({first}); check --model") from None
-    return model.to(device).eval(), tokenizer
+    return "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@
 * :mod:`specgraft.distill.trainer`: :class:`DistillTrainer` on the shared accelerate loop.
 * :mod:`specgraft.distill.output`: the draft folder (transformers model + tokenizer + card + target identity).
 
-``specgraft distill RECIPE`` (:mod:`specgraft.distill.cli`) runs a recipe from ``recipes/distill/``.
+``specgraft distill RECIPE`` (:mod:`specgraft.commands.distill`) runs a recipe from ``recipes/distill/``.
 """
 
 from specgraft.utils.lazy import lazy_exports

@@ -1,9 +1,8 @@
-"""Loading what ``specgraft eval``, ``tune`` and ``profile`` share: the device and dtype from their flags and a
-draft LM checked against the target (one copy, so the three commands cannot drift)."""
+"""Loading what ``specgraft eval``, ``tune`` and ``profile`` share: the device and dtype to decode on and a draft LM
+checked against the target (one copy, so the three commands cannot drift)."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ logger = logging.getLogger(__name__)
 
 def load_draft_model(path: str, target: Any, dtype: Any, device: str) -> tuple[Any, Any]:
     """The draft LM and its tokenizer (None when the folder has none), refusing another vocabulary/tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from specgraft.gguf import resolve_model_path
     from specgraft.target import load_target, tokenizer_fingerprint
@@ -30,10 +29,7 @@ def load_draft_model(path: str, target: Any, dtype: Any, device: str) -> tuple[A
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError):
         logger.info("draft model %s has no tokenizer; checking its vocabulary size only", path)
-    if tokenizer is not None:
-        draft = load_target(path, tokenizer, dtype=dtype, device=device).model
-    else:
-        draft = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    draft = load_target(path, tokenizer, dtype=dtype, device=device, with_tokenizer=tokenizer is not None).model
     from specgraft.decoding.kv import text_config
 
     draft_vocab = int(text_config(draft).vocab_size)
@@ -49,13 +45,15 @@ def load_draft_model(path: str, target: Any, dtype: Any, device: str) -> tuple[A
     return draft, tokenizer
 
 
-def device_and_dtype(args: argparse.Namespace) -> tuple[str, str]:
+def device_and_dtype(device: str | None = None, dtype: str | None = None,
+                     threads: int | None = None) -> tuple[str, str]:
+    """The device and dtype to decode on (a GPU when there is one, bf16 there and fp32 on the CPU, unless named);
+    ``threads``: torch's CPU threads (None: torch's choice)."""
     import torch
 
-    set_torch_threads(args.threads)
-    device = check_device(args.device) if args.device else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
-    return device, dtype
+    set_torch_threads(threads)
+    device = check_device(device) if device else ("cuda" if torch.cuda.is_available() else "cpu")
+    return device, dtype or ("float32" if device == "cpu" else "bfloat16")
 
 
 def check_device(name: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from specgraft.utils.io import atomic_path
 
-#: File of the per-prompt answers in the report folder (written by the runner, named in report.md).
+#: File of the per-prompt answers in the report folder (written with the report, named in report.md).
 ANSWERS_JSONL = "answers.jsonl"
 #: Plot key in report.json -> file name in the report folder.
 PLOTS = {"tau_by_domain": "tau_by_domain.png", "acceptance_by_depth": "acceptance_by_depth.png",

@@ -20,7 +20,6 @@ The token comes from the environment variable named by ``--token-env`` (default 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -211,31 +210,10 @@ def _scrub(exc: BaseException, token: str) -> str:
     return text.replace(token, "***") if token else text
 
 
-def _size(n: int) -> str:
+def format_size(n: int) -> str:
+    """``n`` bytes as push prints them (B, KB, MB or GB)."""
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run ``specgraft push``."""
-    plan, info = push_folder(args.dir, args.repo_id, private=args.private, revision=args.revision,
-                             commit_message=args.commit_message, dry_run=args.dry_run, overwrite=args.overwrite,
-                             token_env=args.token_env, base_model=args.base_model)
-    for warning in plan.warnings:
-        print(f"WARNING: {warning}")
-    verb = "would upload" if args.dry_run else "uploaded"
-    branch = args.revision or "main"
-    visibility = "private" if (args.private if plan.private is None else plan.private) else "public"
-    print(f"{verb} {len(plan.files)} files ({_size(sum(s for _, s in plan.files))}) to {args.repo_id} "
-          f"({visibility}, revision {branch}):")
-    for name, size in plan.files:
-        extra = f" (model card regenerated for {args.repo_id})" if name == CARD_NAME and plan.card_regenerated else ""
-        print(f"  {name}  {_size(size)}{extra}")
-    if info is not None:
-        url = getattr(info, "commit_url", None) or getattr(info, "oid", None)
-        if url:
-            print(f"commit: {url}")
-    return 0

@@ -27,7 +27,6 @@ warns (naming both) when a profile from another device or target is used.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import platform
 import statistics
@@ -46,13 +45,11 @@ from specgraft.decoding.tree import DraftTree
 from specgraft.errors import SpecgraftError
 from specgraft.evaluation.settings import MAX_REPEATS
 from specgraft.heads.registry import draft_model_search, get_family
-from specgraft.kernels.exact_attention import apply_attention_kernel, attention_kernel_of, stock_kernels
-from specgraft.kernels.linear import apply_linear_kernel
+from specgraft.kernels.exact_attention import attention_kernel_of, stock_kernels
 from specgraft.tuning.search import monotone
 from specgraft.tuning.settings import DEFAULT_KV_LENGTH, DEFAULT_REPEATS, DEFAULT_TOKEN_COUNTS
 from specgraft.utils.io import atomic_write_json, read_json_meta, require_file
 from specgraft.utils.numbers import check_number, check_number_tree
-from specgraft.utils.outputs import writing_output
 
 logger = logging.getLogger(__name__)
 
@@ -604,57 +601,3 @@ def measure_profile(target: Any, *, device: str, dtype: str, threads: int, kv_le
                        kv_length=int(kv_length), step_s=step, bookkeeping_s=bookkeeping, forward_s=forward,
                        drafters=drafters,
                        linear_kernel=str(linear_kernel), attention_kernel=attention_kernel_of(model))
-
-
-# -- CLI -----------------------------------------------------------------------------------------------------------
-def run(args: argparse.Namespace) -> int:
-    """Measure and write the profile (locked, into a new file or over an earlier profile only)."""
-    inputs = [args.target, *args.head, *args.draft]
-    with writing_output(args.out, "profile", overwrite=args.overwrite, inputs=inputs, file=True):
-        return _run(args)
-
-
-def _run(args: argparse.Namespace) -> int:
-    import torch
-
-    from specgraft.evaluation.loading import device_and_dtype, load_draft_model
-    from specgraft.heads.base import load_head_for_decoding, read_head_config
-    from specgraft.target import load_target
-
-    check_measure_args(args.kv_length, args.repeats)
-    for head_dir in args.head:
-        read_head_config(head_dir)  # cheap check before loading the target
-    device, dtype = device_and_dtype(args)
-    target = load_target(args.target, dtype=dtype, device=device)
-    heads = []
-    for head_dir in args.head:
-        head = load_head_for_decoding(target, head_dir)
-        heads.append((str(head_dir), head, head.head_type))
-    drafts = [(str(path), load_draft_model(path, target, dtype, device)[0]) for path in args.draft]
-    apply_attention_kernel(args.attention_kernel, target.model)
-    kernel = apply_linear_kernel(args.linear_kernel, device, dtype, target.model, *(h for _, h, _ in heads),
-                                 *(d for _, d in drafts))
-    profile = measure_profile(target, device=device, dtype=dtype, threads=torch.get_num_threads(),
-                              kv_length=args.kv_length, token_counts=args.token_counts, repeats=args.repeats,
-                              heads=heads, drafts=drafts, linear_kernel=kernel)
-    profile.save(args.out)
-    base = profile.plain_step_s
-    print(f"device: {profile.device} ({profile.device_name}), {profile.dtype}, {profile.threads} thread(s), "
-          f"KV length {profile.kv_length}, {profile.linear_kernel} linear kernel, {profile.attention_kernel} "
-          "attention")
-    print("tokens verified | chain step (x plain) | tree step (x plain)")
-    for n in sorted(profile.step_s["chain"]):
-        tree = profile.step_s["tree"].get(n)
-        print(f"{n:>15} | {profile.step_s['chain'][n] * 1e3:8.3f} ms ({profile.step_s['chain'][n] / base:4.2f}x) | "
-              + (f"{tree * 1e3:8.3f} ms ({tree / base:4.2f}x)" if tree else "-"))
-    for label, section in profile.drafters.items():
-        cells = []
-        for table in ("per_call_s", "chain_s"):
-            for key, value in (section.get(table) or {}).items():
-                if isinstance(value, dict):  # Medusa: heads -> nodes -> seconds
-                    cells += [f"{key} heads/{n} nodes {v * 1e3:.2f} ms" for n, v in value.items()]
-                else:
-                    cells.append(f"{key} {value * 1e3:.2f} ms")
-        print(f"drafter {label} ({section['kind']}): " + ", ".join(cells))
-    print(f"wrote {args.out}")
-    return 0

@@ -19,7 +19,6 @@ module ranks, confirms and records them all alike.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -48,13 +47,9 @@ from specgraft.evaluation.report_reader import (  # noqa: F401 (re-exported: the
 )
 from specgraft.heads.family import TuningSearch
 from specgraft.heads.registry import search_for_drafter, tuning_search
-from specgraft.kernels.exact_attention import apply_attention_kernel, attention_kernel_of
-from specgraft.kernels.linear import apply_linear_kernel
-from specgraft.tuning.cost import CostProfile, check_fits, check_profile
-from specgraft.tuning.search import MAX_TREE_TOKENS
+from specgraft.kernels.exact_attention import attention_kernel_of
+from specgraft.tuning.cost import CostProfile, check_profile
 from specgraft.tuning.settings import DEFAULT_MIN_SPEEDUP
-from specgraft.utils.io import atomic_write_json, output_lock
-from specgraft.utils.outputs import writing_output
 
 logger = logging.getLogger(__name__)
 
@@ -547,130 +542,3 @@ def is_default_run(kind: str, report: dict[str, Any], source: Any = None) -> boo
 def default_kv_length(prompt_lengths: Sequence[int], max_new_tokens: int) -> int:
     mean = sum(prompt_lengths) / len(prompt_lengths) if prompt_lengths else 0
     return max(2, int(round(mean + max_new_tokens / 2)))
-
-
-def run(args: argparse.Namespace) -> int:
-    """Tune one drafter; write tuned.json and print predicted vs measured."""
-    if not args.prompts:
-        raise SpecgraftError("tuning needs calibration prompts; pass --prompts FILE (the prompts you will serve)")
-    check_min_speedup(args.min_speedup)  # before anything is loaded
-    source_dir = args.head if args.head is not None else args.draft
-    tuned_file = source_dir / TUNED_NAME
-    inputs = [args.target, *args.prompts, args.cost_profile, args.calibration]
-    # One tune per folder at a time (two would mix their calibration/confirming reports), and tuned.json is
-    # replaced only when an earlier tune wrote it.
-    with output_lock(args.out or source_dir / "tune", "`specgraft tune`"), \
-            writing_output(tuned_file, "tune", overwrite=args.overwrite, inputs=inputs, file=True,
-                           flag="tuned.json"):
-        return _run(args, source_dir, tuned_file)
-
-
-def _run(args: argparse.Namespace, source_dir: Path, tuned_file: Path) -> int:
-    from specgraft.evaluation.loading import device_and_dtype, load_draft_model
-    from specgraft.evaluation.prompts import load_prompts, render_turn
-    from specgraft.evaluation.report import EvalSettings
-    from specgraft.target import load_target
-    from specgraft.tuning.cost import check_measure_args, measure_profile
-
-    check_measure_args(args.kv_length)
-    profile = CostProfile.load(args.cost_profile) if args.cost_profile is not None else None
-    calibration = None
-    if args.calibration is not None:
-        report, file = read_report(args.calibration, "pass the report.json of a `specgraft eval` run of this drafter")
-        calibration_numbers(report, str(file))  # fail fast on missing fields
-        if args.head is not None:
-            from specgraft.heads.base import read_head_config
-
-            measured_type = read_head_config(args.head)["head_type"]
-        else:
-            measured_type = DRAFT_MODEL_KIND
-        for message in check_report_for_head(report, file, measured_type, source_dir):
-            logger.warning("%s", message)
-        calibration = (report, str(file))
-    settings = EvalSettings(max_new_tokens=args.max_new_tokens)
-    settings.validate()
-    prompts = load_prompts(args.prompts, limit_per_domain=args.limit_per_domain)
-    device, dtype = device_and_dtype(args)
-    target = load_target(args.target, dtype=dtype, device=device)
-    prior = None
-    if args.head is not None:
-        from specgraft.heads.base import load_head_for_decoding
-
-        source = load_head_for_decoding(target, args.head)
-        target = source.target  # the head's own (Medusa-2: with its adapter merged)
-        head_type = source.head_type
-        kind = kind_of(head_type)
-        prior = tuning_search(kind).prior(source)
-        heads, drafts = [(str(args.head), source, head_type)], []
-    else:
-        source = load_draft_model(str(args.draft), target, dtype, device)[0]
-        head_type = kind = DRAFT_MODEL_KIND
-        heads, drafts = [], [(str(args.draft), source)]
-    apply_attention_kernel(args.attention_kernel, target.model)
-    kernel = apply_linear_kernel(args.linear_kernel, device, dtype, target.model, source)
-    if profile is None:
-        import torch
-
-        lengths = [len(render_turn(target.tokenizer, p.turns, [])[1]) for p in prompts]
-        kv_length = args.kv_length if args.kv_length is not None else default_kv_length(lengths,
-                                                                                        args.max_new_tokens)
-        check_fits(target.model, kv_length, MAX_TREE_TOKENS)
-        profile = measure_profile(target, device=device, dtype=dtype, threads=torch.get_num_threads(),
-                                  kv_length=kv_length, heads=heads, drafts=drafts, linear_kernel=kernel)
-        out_profile = (args.out or source_dir / "tune") / "cost_profile.json"
-        profile.save(out_profile)
-        print(f"measured the cost profile -> {out_profile}")
-    result, record = tune(target, kind, head_type, source, source_dir, prompts, args.out or source_dir / "tune",
-                          profile=profile, calibration=calibration, settings=settings,
-                          confirm=not args.no_confirm, prior=prior, linear_kernel=kernel,
-                          min_speedup=args.min_speedup,
-                          calibration_is_default=calibration is not None and is_default_run(kind, calibration[0],
-                                                                                       source))
-    atomic_write_json(tuned_file, record)
-    print_result(result, profile)
-    print(f"wrote {tuned_file}; `specgraft eval --head/--draft {source_dir}` now uses it (a setting flag wins)")
-    return 0
-
-
-def print_result(result: TuneResult, profile: CostProfile) -> None:
-    kind = result.kind
-    print(f"device: {profile.device} ({profile.device_name}), {profile.dtype}, {profile.threads} thread(s); plain "
-          f"step {profile.plain_step_s * 1e3:.3f} ms at KV length {profile.kv_length}")
-    print("rank | setting | E[accepted+1] | draft ms | step ms | overhead ms | predicted tok/s | predicted speedup")
-    for i, c in enumerate(result.candidates[:TOP_CANDIDATES], start=1):
-        print(f"{i:>4} | {setting_label(kind, c.setting)} | {1 + c.expected_accepted:.3f} | {c.draft_s * 1e3:.3f} | "
-              f"{c.step_s * 1e3:.3f} | {c.overhead_s * 1e3:.3f} | {c.tokens_per_s:.1f} | {c.speedup:.3f}x")
-    rows = [("tuned", result.chosen, "tuned")]
-    if not same_setting(kind, result.chosen.setting, result.candidates[0].setting):
-        rows.append(("predicted best", result.candidates[0], "best"))
-    if result.alternative is not None and not same_setting(kind, result.chosen.setting, result.alternative.setting):
-        rows.append(("second opinion (the other shape)", result.alternative, "alternative"))
-    if result.calibrated is not None and not same_setting(kind, result.chosen.setting, result.calibrated.setting):
-        rows.append(("calibration run", result.calibrated, "calibration"))
-    if result.default is not None:
-        rows.append(("default", result.default, "default"))
-    for name, c, key in rows:
-        if is_plain(c.setting):
-            print(f"{name}: {setting_label(kind, c.setting)}: 1.00x and tau 1.00 by definition")
-            continue
-        m = result.measured.get(key) or {}
-        line = (f"{name}: {setting_label(kind, c.setting)}: predicted {c.tokens_per_s:.1f} tok/s "
-                f"({c.speedup:.2f}x, tau {1 + c.expected_accepted:.2f})")
-        if m.get("tokens_per_s") is not None and m.get("speedup_ratio_of_totals"):
-            line += (f"; measured {m['tokens_per_s']:.1f} tok/s ({m['speedup_ratio_of_totals']:.2f}x, tau "
-                     f"{m['tau']:.2f}); speedup prediction error "
-                     f"{prediction_error(c.speedup, m['speedup_ratio_of_totals']):+.1%}")
-        print(line)
-        if m.get("lossless_check"):
-            print(f"  lossless: {m['lossless_check']}")
-    if is_plain(result.chosen.setting):
-        print("no drafting setting is faster than plain decoding on this device: `specgraft eval` with this "
-              "folder now decodes plainly (pass setting flags or --no-tuned to measure drafting anyway); a faster "
-              "device, or a head that accepts more, changes the answer")
-    print("measured tok/s come from the confirming evals (plain and speculative interleaved per prompt in one "
-          "process); on a shared machine the absolute speed drifts with load, so compare the speedups")
-
-
-def prediction_error(predicted: float, measured: float) -> float:
-    """(predicted - measured) / measured."""
-    return (predicted - measured) / measured if measured else math.nan

@@ -247,7 +247,7 @@ def _args(**kw) -> argparse.Namespace:
 
 def test_cli_refuses_a_missing_model(tmp_path, sharegpt_file, capsys, isolated_cache):
     with pytest.raises(SpecgraftError, match="model path .* does not exist"):
-        regen_module.run(_args(model=tmp_path / "nope", data=sharegpt_file, out=tmp_path / "o.jsonl"))
+        regenerate_command.run(_args(model=tmp_path / "nope", data=sharegpt_file, out=tmp_path / "o.jsonl"))
     rc = cli_main(["regenerate", "--model", str(tmp_path / "nope"), "--data", str(sharegpt_file),
                    "--out", str(tmp_path / "o.jsonl")])
     err = capsys.readouterr().err

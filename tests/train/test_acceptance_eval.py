@@ -187,8 +187,8 @@ def test_refusals(tmp_path, self_distilled, monkeypatch):
     recipe = _recipe(tmp_path, "eagle1")
     recipe.head = from_dict(Recipe, {"model": {"name_or_path": "x"}, "data": {"path": "x"},
                                      "output": {"dir": "x"}, "head": {"type": "eagle"}}).head
-    # Every built-in family measures it; a family without the expected_accepted hook (a plug-in) is refused.
-    monkeypatch.delitem(get_family("eagle").hooks, "expected_accepted")
+    # Every built-in family measures it; a family whose search cannot simulate acceptance (a plug-in) is refused.
+    monkeypatch.setattr(type(get_family("eagle").search), "simulates_acceptance", property(lambda self: False))
     with pytest.raises(SpecgraftError, match="does not measure held-out acceptance"):
         HeadTrainer(recipe, target=target, dataset=train, eval_dataset=train, show_progress=False).setup()
     from specgraft.errors import ConfigError

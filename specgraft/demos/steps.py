@@ -1,15 +1,47 @@
-"""The steps both demos share (:mod:`specgraft.demo` on the embedded target, :mod:`specgraft.demo_smollm2` on
-SmolLM2-135M-Instruct): train and evaluate each drafter, tune them for the machine, export, write the summary."""
+"""The steps both demos share (:mod:`specgraft.demos.stories` on the embedded target, :mod:`specgraft.demos.smollm2` on
+SmolLM2-135M-Instruct): train and evaluate each drafter, tune them for the machine, export, write the summary, each
+step a call of :mod:`specgraft.pipeline`."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from specgraft.config import DistillRecipe, Recipe, from_dict, recipe_schema, safe_load_yaml
 from specgraft.defaults.corpus import DOMAINS
+from specgraft.demos import RECIPES_DIR
+from specgraft.evaluation.prompts import load_prompts
+from specgraft.evaluation.settings import EvalSettings
+from specgraft.export.exporter import export_head
+from specgraft.heads.registry import family_names, get_family
+from specgraft.kernels.exact_attention import apply_attention_kernel
+from specgraft.kernels.linear import apply_linear_kernel, resolve_linear_kernel
+from specgraft.pipeline.evaluate import DrafterChoice, evaluate, load_drafter
+from specgraft.pipeline.train import distill_draft, train_head
+from specgraft.pipeline.tune import (
+    DrafterSource,
+    load_draft_source,
+    load_head_source,
+    measure_cost_profile,
+    profile_kv_length,
+    tune_drafter,
+)
+from specgraft.target import Target, load_target
+from specgraft.tuning.tune import is_plain, setting_label
 from specgraft.utils.io import atomic_write_json, atomic_write_text
+
+#: The engines the demo exports each head for: the first two of these that the head's family holds.
+DEMO_EXPORT_FORMATS = ("vllm", "sglang", "trtllm")
+
+
+def in_registry_order(drafters: Iterable[str]) -> list[str]:
+    """Head families in the registry's order, then the other drafters (the distilled draft) by name."""
+    order = {name: i for i, name in enumerate(family_names())}
+    return sorted(drafters, key=lambda name: (order.get(name, len(order)), name))
 
 
 def run_drafters(out: Path, target: Any, target_path: Path, recipes: dict[str, Any], prompts_file: Path,
@@ -26,15 +58,15 @@ def run_drafters(out: Path, target: Any, target_path: Path, recipes: dict[str, A
 
 def train_and_evaluate(out: Path, target: Any, target_path: Path, recipes: dict[str, Any], prompts_file: Path,
                        budget: Any, kernel: str) -> dict[str, dict[str, Any]]:
-    """Train the heads of ``recipes`` (by kind: medusa, eagle3, dflash; ``distill`` distills a draft model) and
-    evaluate each at its family's default setting with the linear ``kernel`` (:func:`choose_decode_kernel`); the
-    results by drafter name, in the demo's order."""
+    """Train the heads of ``recipes`` (by name, in the demo's order; a distillation recipe distills a draft model,
+    evaluated last) and evaluate each at its family's default setting with the linear ``kernel``
+    (:func:`choose_decode_kernel`); the results by drafter name, in the demo's order."""
     results: dict[str, dict[str, Any]] = {}
-    for kind in ("medusa", "eagle3", "dflash"):
-        if kind in recipes:
-            head_dir = _train_head(kind, target, recipes[kind])
+    for kind, recipe in recipes.items():
+        if isinstance(recipe, Recipe):
+            head_dir = _train_head(kind, target, recipe)
             results[kind] = _evaluate_head(out, kind, head_dir, target_path, prompts_file, budget, kernel)
-    if "distill" in recipes and importlib.util.find_spec("specgraft.distill.trainer") is not None:
+    if "distill" in recipes:
         draft_dir = _distill(recipes["distill"])
         results["distilled draft"] = _evaluate_draft(out, draft_dir, target_path, prompts_file, budget, kernel)
     return results
@@ -43,110 +75,66 @@ def train_and_evaluate(out: Path, target: Any, target_path: Path, recipes: dict[
 # -- steps ----------------------------------------------------------------------------------------------------
 
 
-def _train_head(kind: str, target: Any, recipe: Any) -> Path:
-    from specgraft.train.trainer import HeadTrainer
+def demo_recipe(name: str, run: Mapping[str, Mapping[str, Any]]) -> Recipe | DistillRecipe:
+    """The demo recipe ``recipes/demo/<name>.yaml`` (shipped in the package) with the run's sections ``run``
+    (paths, seed, step budget) merged over it, validated."""
+    raw = safe_load_yaml((RECIPES_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
+    for section, values in run.items():
+        raw[section] = {**(raw.get(section) or {}), **values}
+    return from_dict(recipe_schema(raw, name), raw)
 
-    run_dir = Path(recipe.output.dir)
-    print(f"[demo] training {kind} ({recipe.training.max_steps} steps) -> {run_dir}", flush=True)
-    trainer = HeadTrainer(recipe, target=target)
-    try:
-        trainer.setup()
-        summary = trainer.train()
-    finally:
-        trainer.cleanup()
+
+def demo_recipe_sections(name: str) -> dict[str, dict[str, Any]]:
+    """The sections of ``recipes/demo/<name>.yaml`` that are settings, not run paths: head or distill, and
+    training."""
+    raw = safe_load_yaml((RECIPES_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
+    return {section: dict(raw[section]) for section in ("head", "distill", "training") if section in raw}
+
+
+def _train_head(kind: str, target: Target, recipe: Recipe) -> Path:
+    print(f"[demo] training {kind} ({recipe.training.max_steps} steps) -> {recipe.output.dir}", flush=True)
+    head_dir, summary = train_head(recipe, target)
     print(f"[demo]   {summary['tokens_per_s']:.0f} target tokens/s", flush=True)
-    return run_dir / "head"
+    return head_dir
 
 
-def _distill(recipe: Any) -> Path:
-    from specgraft.distill.trainer import DistillTrainer
-
-    run_dir = Path(recipe.output.dir)
-    print(f"[demo] distilling a draft model ({recipe.training.max_steps} steps) -> {run_dir}", flush=True)
-    trainer = DistillTrainer(recipe)
-    try:
-        trainer.setup()
-        trainer.train()
-    finally:
-        trainer.cleanup()
-    return run_dir / trainer.final_dir
+def _distill(recipe: DistillRecipe) -> Path:
+    print(f"[demo] distilling a draft model ({recipe.training.max_steps} steps) -> {recipe.output.dir}", flush=True)
+    return distill_draft(recipe)[0]
 
 
-def _eval_settings(budget: Any):
-    from specgraft.evaluation.report import EvalSettings
-
+def _eval_settings(budget: Any) -> EvalSettings:
     return EvalSettings(max_new_tokens=budget.max_new_tokens, repeats=budget.repeats, warmup=1)
 
 
 def choose_decode_kernel(target_model: Any) -> str:
     """`auto`'s linear kernel for fp32 on CPU (what `specgraft eval` uses by default), measured once per demo on the
     target, whose layers dominate decoding: every eval, the profile and the tuning then run the same kernel."""
-    from specgraft.kernels.linear import resolve_linear_kernel
-
     return resolve_linear_kernel("auto", "cpu", "float32", target_model)
 
 
-def _decode_kernel(kernel: str, target_model: Any, *modules: Any) -> str:
-    """Switch the target to the decode-time attention ``specgraft eval`` uses by default (``auto``) and the modules
-    the demo decodes with to the linear ``kernel`` (a resolved name: nothing is measured again)."""
-    from specgraft.kernels.exact_attention import apply_attention_kernel
-    from specgraft.kernels.linear import apply_linear_kernel
-
-    apply_attention_kernel("auto", target_model)
-    return apply_linear_kernel(kernel, "cpu", "float32", target_model, *modules)
-
-
-def _load_prompts(prompts_file: Path):
-    from specgraft.evaluation.prompts import load_prompts
-
-    return load_prompts([prompts_file])
+def _evaluate(out: Path, name: str, choice: DrafterChoice, target_path: Path, prompts_file: Path, budget: Any,
+              kernel: str, what: str) -> dict[str, Any]:
+    """``choice`` at its family's default setting (as `specgraft eval --no-tuned` drafts it), on a fresh target (the
+    decoder owns its caches), with the demo's linear ``kernel`` and `auto` attention."""
+    loaded = load_drafter(load_target(target_path), choice, dtype="float32", device="cpu", linear_kernel=kernel)
+    print(f"[demo] evaluating {what} per domain", flush=True)
+    report = evaluate(loaded, load_prompts([prompts_file]), out / "eval" / name, settings=_eval_settings(budget))
+    folder = Path(choice.folder or "")
+    return {"report": report, "report_dir": out / "eval" / name, "head_dir": choice.head,
+            "drafter_dir": folder}
 
 
 def _evaluate_head(out: Path, kind: str, head_dir: Path, target_path: Path, prompts_file: Path,
                    budget: Any, kernel: str) -> dict[str, Any]:
-    from specgraft.evaluation.report import run_eval
-    from specgraft.heads.base import load_head
-    from specgraft.heads.registry import family_of
-    from specgraft.target import load_target
-
-    target = load_target(target_path)  # a fresh target: the decoder owns its caches
-    head = load_head(target, head_dir)
-    target = head.target  # the head's own (Medusa-2: with its adapter merged)
-    family = family_of(head)
-    setting = family.setting_from_flags()  # the family's defaults, as `specgraft eval --head` drafts
-    drafter = family.drafter(head, setting)
-    kernel = _decode_kernel(kernel, target.model, *drafter.modules())
-    print(f"[demo] evaluating {kind} per domain", flush=True)
-    report = run_eval(target, drafter, _load_prompts(prompts_file), out / "eval" / kind,
-                      settings=_eval_settings(budget), drafter_info={"type": kind, "path": str(head_dir),
-                                                                     "mode": setting["mode"],
-                                                                     "setting_source": "defaults",
-                                                                     "linear_kernel": kernel,
-                                                                     # as `specgraft eval` records it, so `specgraft
-                                                                     # tune --calibration` knows the default run
-                                                                     **family.describe_drafter(drafter)})
-    return {"report": report, "report_dir": out / "eval" / kind, "head_dir": head_dir, "drafter_dir": head_dir}
+    return _evaluate(out, kind, DrafterChoice(head=head_dir, use_tuned=False), target_path, prompts_file, budget,
+                     kernel, kind)
 
 
 def _evaluate_draft(out: Path, draft_dir: Path, target_path: Path, prompts_file: Path,
                     budget: Any, kernel: str) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
-
-    from specgraft.decoding.drafters import DraftModelDrafter
-    from specgraft.evaluation.report import run_eval
-    from specgraft.target import load_target
-
-    target = load_target(target_path)
-    draft = AutoModelForCausalLM.from_pretrained(draft_dir).eval()
-    drafter = DraftModelDrafter(draft, k=4)
-    kernel = _decode_kernel(kernel, target.model, *drafter.modules())
-    print("[demo] evaluating the distilled draft per domain", flush=True)
-    report = run_eval(target, drafter, _load_prompts(prompts_file), out / "eval" / "distilled",
-                      settings=_eval_settings(budget), drafter_info={"type": "draft_model", "path": str(draft_dir),
-                                                                     "mode": "chain", "k": 4,
-                                                                     "setting_source": "defaults",
-                                                                     "linear_kernel": kernel})
-    return {"report": report, "report_dir": out / "eval" / "distilled", "head_dir": None, "drafter_dir": draft_dir}
+    return _evaluate(out, "distilled", DrafterChoice(draft=str(draft_dir), use_tuned=False), target_path,
+                     prompts_file, budget, kernel, "the distilled draft")
 
 
 # -- tuning ---------------------------------------------------------------------------------------------------
@@ -154,53 +142,38 @@ def tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, p
               budget: Any, threads: int | None, kernel: str) -> dict[str, dict[str, Any]]:
     """Measure this machine's cost profile once, then tune every drafter from its default eval (the calibration)
     and evaluate it at the tuned setting; writes tuned.json beside each head/draft (exports pick it up)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from specgraft.evaluation.prompts import render_turn
-    from specgraft.heads.base import load_head
-    from specgraft.heads.registry import family_of
-    from specgraft.target import load_target
-    from specgraft.tuning.cost import measure_profile
-    from specgraft.tuning.tune import TUNED_NAME, default_kv_length, is_plain, kind_of, setting_label, tune
-
     target = load_target(target_path)
-    prompts = _load_prompts(prompts_file)
-    sources: dict[str, tuple[str, str, Any]] = {}  # name -> (kind, head type, head or draft model)
+    prompts = load_prompts([prompts_file])
+    sources: dict[str, DrafterSource] = {}
     for name, result in results.items():
         if result["head_dir"] is not None:
-            head = load_head(target, result["head_dir"])
-            if family_of(head).tuning is None:
+            source = load_head_source(target, result["head_dir"], require_search=False)
+            if source.kind is None:
                 print(f"[demo] {name}: `specgraft tune` has no search for this family yet; it stays at its "
                       "defaults", flush=True)
                 continue
-            sources[name] = (kind_of(head.head_type), head.head_type, head)
+            sources[name] = source
         else:
-            sources[name] = ("draft_model", "draft_model",
-                             AutoModelForCausalLM.from_pretrained(result["drafter_dir"]).eval())
-    kernel = _decode_kernel(kernel, target.model, *(src for _, _, src in sources.values()))
-    lengths = [len(render_turn(target.tokenizer, p.turns, [])[1]) for p in prompts]
-    kv_length = default_kv_length(lengths, budget.max_new_tokens)
+            sources[name] = load_draft_source(target, result["drafter_dir"], dtype="float32", device="cpu")
+    apply_attention_kernel("auto", target.model)
+    kernel = apply_linear_kernel(kernel, "cpu", "float32", target.model, *(s.module for s in sources.values()))
+    kv_length = profile_kv_length(target, prompts, budget.max_new_tokens)
     print(f"[demo] measuring this machine's cost profile (KV length {kv_length})", flush=True)
-    profile = measure_profile(
-        target, device="cpu", dtype="float32", threads=threads or torch.get_num_threads(), kv_length=kv_length,
-        token_counts=budget.profile_token_counts, repeats=budget.profile_repeats, draft_calls=budget.draft_calls,
-        heads=[(str(results[n]["drafter_dir"]), src, ht) for n, (k, ht, src) in sources.items() if k != "draft_model"],
-        drafts=[(str(results[n]["drafter_dir"]), src) for n, (k, _, src) in sources.items() if k == "draft_model"],
-        linear_kernel=kernel)
+    profile = measure_cost_profile(target, list(sources.values()), prompts, device="cpu", dtype="float32",
+                                   threads=threads or torch.get_num_threads(), max_new_tokens=budget.max_new_tokens,
+                                   kv_length=kv_length, linear_kernel=kernel,
+                                   token_counts=budget.profile_token_counts, repeats=budget.profile_repeats,
+                                   draft_calls=budget.draft_calls)
     profile.save(out / "cost_profile.json")
     tuned: dict[str, dict[str, Any]] = {}
-    for name, (kind, head_type, source) in sources.items():
+    for name, source in sources.items():
         result = results[name]
+        kind = str(source.kind)
         print(f"[demo] tuning {name} for this machine", flush=True)
-        prior_hook = family_of(source).hooks.get("tuning_prior") if kind != "draft_model" else None
-        prior = prior_hook(source) if prior_hook is not None else None
-        outcome, record = tune(target, kind, head_type, source, result["drafter_dir"], prompts,
-                               out / "tune" / name.replace(" ", "_"), profile=profile,
+        outcome = tune_drafter(source, prompts, out / "tune" / name.replace(" ", "_"), profile=profile,
+                               settings=_eval_settings(budget),
                                calibration=(result["report"], str(result["report_dir"] / "report.json")),
-                               settings=_eval_settings(budget), prior=prior, calibration_is_default=True,
-                               linear_kernel=kernel)
-        atomic_write_json(Path(result["drafter_dir"]) / TUNED_NAME, record)
+                               calibration_is_default=True, linear_kernel=kernel)
         label = setting_label(kind, outcome.chosen.setting)
         if is_plain(outcome.chosen.setting):  # say what drafting would have done
             best, measured_best = outcome.fastest_drafting
@@ -221,13 +194,13 @@ def tune_all(out: Path, results: dict[str, dict[str, Any]], target_path: Path, p
 
 
 def export_heads(out: Path, results: dict[str, dict[str, Any]]) -> dict[str, Path]:
-    from specgraft.export.exporter import export_head
-
+    """Export the demo's heads for the engines that serve them (through :func:`export_head`, as `specgraft export`
+    does); the export folders by "head -> format"."""
     exports: dict[str, Path] = {}
-    plan = {"medusa": ["vllm", "trtllm"], "eagle3": ["vllm", "sglang"], "dflash": ["vllm", "sglang"]}
-    for kind, formats in plan.items():
-        if kind not in results:
-            continue
+    for kind in results:
+        if kind not in family_names():
+            continue  # the distilled draft is served as a model, not exported here
+        formats = [fmt for fmt in DEMO_EXPORT_FORMATS if fmt in get_family(kind).formats][:2]
         for fmt in formats:
             dest = out / "exports" / f"demo-{kind}-{fmt}"
             result = export_head(results[kind]["head_dir"], fmt, dest, report=results[kind]["report_dir"],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from specgraft.train.cli import add_job_arguments, run_job
+from specgraft.commands.train import add_job_arguments, run_job
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
