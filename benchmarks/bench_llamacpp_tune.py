@@ -74,7 +74,6 @@ def main() -> int:
         lengths.append({"draft_tokens": p["draft_tokens"], "step_ms": p["step_ms"],
                         "draft_call_ms": round(costs["draft_ms"].get(k, 0.0), 3),
                         "verify_ms": round(costs["verify_ms"].get(k) or 0.0, 3),
-                        "step_x_plain": round(p["step_ms"] / costs["plain_ms"], 3),
                         "break_even_tau": p["break_even_tau"], "predicted_tau": p["tau"],
                         "predicted_tokens_per_s": p["tokens_per_s"], "predicted_speedup": p["speedup"],
                         "chosen": p["draft_tokens"] == record["draft_tokens"]})
