@@ -20,7 +20,7 @@ from specgraft.evaluation.prompts import Prompt, render_turn
 from specgraft.evaluation.report_reader import check_report_for_head, read_report
 from specgraft.evaluation.settings import EvalSettings
 from specgraft.heads.base import load_head_for_decoding, read_head_config
-from specgraft.heads.registry import family_of
+from specgraft.heads.registry import family_of, tuning_search
 from specgraft.target import Target
 from specgraft.tuning.cost import CostProfile, check_fits, check_measure_args, measure_profile
 from specgraft.tuning.search import MAX_TREE_TOKENS
@@ -45,7 +45,8 @@ class DrafterSource:
     folder: Path
     #: The head (a :class:`~specgraft.heads.base.DraftHead`) or the draft model.
     module: Any
-    #: The head's family name (``head_config.json``'s ``head_type``), or :data:`~specgraft.distill.tune.DRAFT_MODEL_KIND`.
+    #: The head's family name (``head_config.json``'s ``head_type``), or
+    #: :data:`~specgraft.distill.tune.DRAFT_MODEL_KIND`.
     head_type: str
     #: Its tuning kind (:func:`~specgraft.tuning.tune.kind_of`); None for a head family with no search.
     kind: str | None
@@ -58,7 +59,7 @@ class DrafterSource:
 
     def prior(self) -> Any:
         """The search's prior from the drafter itself (e.g. Medusa's measured per-head accuracies), or None."""
-        return tuning_search(self.kind).prior(self.module)
+        return tuning_search(self.kind).prior(self.module) if self.kind is not None else None
 
 
 def load_head_source(target: Target, head_dir: Path, *, require_search: bool = True) -> DrafterSource:
