@@ -59,8 +59,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: Modules that call ``importlib.import_module``, each modelled above.
 DYNAMIC_IMPORTERS = {"specgraft.cli", "specgraft.utils.lazy", "specgraft.heads.registry"}
 
-#: Layer violations in modules this change does not own yet (argparse code in library modules, evaluation's runner
-#: reading tuned.json through the tuner): each entry is one (importer, imported) edge, removed as it is fixed.
+#: Known layer violations, each one (importer, imported) edge (none).
 PENDING: set[tuple[str, str]] = set()
 
 

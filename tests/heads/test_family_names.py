@@ -16,8 +16,7 @@ from specgraft.heads.registry import draft_model_search, family_names, get_famil
 
 ROOT = Path(specgraft.__file__).parent
 
-#: Literals in modules this change does not own yet (the demos, evaluation's runner): path -> how many, removed as
-#: each is fixed (the test fails both when one is added and when one is fixed but still listed).
+#: Known exceptions, path -> how many (none: the test fails both when one is added and when one listed is fixed).
 PENDING: dict[str, int] = {}
 
 
