@@ -197,7 +197,7 @@ def layer(module: str, package: Path) -> str:
         return "commands/cli"
     if top in ("data", "train", "distill", "export", "testing"):
         return "data/train/distill/export"
-    if top in ("demo", "demo_steps", "demo_smollm2", "recipe_cli"):
+    if top in ("demo", "demo_steps", "demo_smollm2", "recipe_cli", "demos", "pipeline"):
         return "demos/pipeline"
     return "heads: lookup" if top == "config" else "core"
 
