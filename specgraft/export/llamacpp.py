@@ -74,6 +74,14 @@ class TargetGGUF:
     """(key, value, GGUFValueType, array element type or None) of every ``tokenizer.*`` key."""
 
 
+def draft_vocab_state(absolute: torch.Tensor, vocab_size: int) -> dict[str, torch.Tensor]:
+    """Our ``d2t`` (offsets) and ``t2d`` (a [vocab_size] mask) from llama.cpp's ``d2t``, which stores each draft
+    column's absolute target id."""
+    absolute = absolute.to(torch.int64)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[absolute] = True
+    return {"d2t": absolute - torch.arange(absolute.numel(), dtype=torch.int64), "t2d": t2d}
+
 def read_target_gguf(path: str | os.PathLike) -> TargetGGUF:
     """The target GGUF's sizes and tokenizer (refused in one line when it is not a complete model GGUF)."""
     gguf = _require_gguf_package()

@@ -32,6 +32,7 @@ import torch
 from specgraft.errors import SpecgraftError
 from specgraft.export.engine import EngineCheckpoint, engine_layer_ids
 from specgraft.export.layouts import Dims
+from specgraft.export.llamacpp import draft_vocab_state
 from specgraft.export.target_info import TargetInfo, rope_fields
 from specgraft.heads.dflash.config import DFlashConfig
 from specgraft.heads.dflash.export import _draft_layer_names, _info_scales_embeddings, _refuse_unservable
@@ -176,11 +177,7 @@ def from_engine(fmt: str, tensors: Mapping[str, torch.Tensor], config: Mapping[s
         for ours, theirs in LAYER_NAMES.items():
             state[f"layers.{i}.{ours}.weight"] = take(f"blk.{i}.{theirs}.weight")
     if "d2t" in want:
-        absolute = take("d2t").to(torch.int64)
-        state["d2t"] = absolute - torch.arange(absolute.numel(), dtype=torch.int64)
-        t2d = torch.zeros(int(want["t2d"].numel()), dtype=torch.bool)
-        t2d[absolute] = True
-        state["t2d"] = t2d
+        state.update(draft_vocab_state(take("d2t"), int(want["t2d"].numel())))
     return state
 
 

@@ -33,7 +33,7 @@ from specgraft.export.engine import (
     refuse_leftovers,
 )
 from specgraft.export.layouts import TensorRule, llama_layer
-from specgraft.export.llamacpp import permute_qk, unpermute_qk
+from specgraft.export.llamacpp import draft_vocab_state, permute_qk, unpermute_qk
 from specgraft.export.target_info import TargetInfo, llama_draft_config, rope_fields
 from specgraft.heads.family import CardText, EngineExporter
 
@@ -293,11 +293,7 @@ def from_llamacpp(tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]
         elif theirs == "attn_k":
             weight = unpermute_qk(weight, kv_heads)
         state[f"midlayer.{ours}.weight"] = weight
-    absolute = take("d2t").to(torch.int64)
-    state["d2t"] = absolute - torch.arange(absolute.numel(), dtype=torch.int64)
-    t2d = torch.zeros(int(want["t2d"].numel()), dtype=torch.bool)
-    t2d[absolute] = True
-    state["t2d"] = t2d
+    state.update(draft_vocab_state(take("d2t"), int(want["t2d"].numel())))
     return state
 
 
