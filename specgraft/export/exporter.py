@@ -77,7 +77,7 @@ from specgraft.heads.base import (
     rebuild_head,
 )
 from specgraft.heads.registry import family_names, get_family
-from specgraft.target import Target, TargetIdentity
+from specgraft.target import Target, TargetIdentity, load_target
 from specgraft.tuning.search import MAX_TREE_TOKENS
 from specgraft.utils.io import atomic_path, read_json_meta
 from specgraft.utils.models import DTYPES
@@ -431,7 +431,6 @@ def _is_distilled_draft(folder: Path) -> bool:
 def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: str | Path | None,
                         speculative_tokens: int | None) -> ExportResult:
     """A distilled draft model as llama.cpp's ``-md`` GGUF, with the target GGUF's tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
     meta = read_draft_meta(folder)
@@ -446,9 +445,9 @@ def _export_draft_model(folder: Path, out: Path, overwrite: bool, target_gguf: s
     if wrong:
         raise SpecgraftError(f"--target-gguf {target.path} is not the target this draft was distilled for: it has "
                              f"{', '.join(wrong)}; pass the GGUF of that target")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    draft = load_target(folder, dtype="float32", device="cpu")  # the one model loader
+    tokenizer, model = draft.tokenizer, draft.model
     notes = check_gguf_tokens(target, [str(t) for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))])
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     tuned, warnings = _llamacpp_tuned(folder, target.path.name)
     if speculative_tokens is None and tuned is not None and tuned["draft_tokens"] > 0:
         speculative_tokens = int(tuned["draft_tokens"])  # chosen in llama.cpp itself
