@@ -22,21 +22,7 @@ import torch
 
 from specgraft.errors import SpecgraftError
 from specgraft.evaluation.report_reader import is_plain
-from specgraft.export.engine import (  # noqa: F401 (the primitives, re-exported for existing callers)
-    BIAS_FORMATS,
-    ENGINE_NUM_FEATURES,
-    EngineCheckpoint,
-    SourceState,
-    check_llama_compatible,
-    draft_dims,
-    engine_layer_ids,
-    layer_from_engine,
-    layer_has_bias,
-    layer_to_engine,
-    refuse_bias,
-    refuse_leftovers,
-    require_zero,
-)
+from specgraft.export.engine import EngineCheckpoint
 from specgraft.export.formats import engine_exporter, expected_tensors
 from specgraft.export.layouts import check_tensors
 from specgraft.export.options import DEFAULT_SPECULATIVE_TOKENS

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specgraft.errors import SpecgraftError
-from specgraft.export.convert import engine_layer_ids
+from specgraft.export.engine import engine_layer_ids
 from specgraft.export.formats import expected_tensors
 from specgraft.export.layouts import Dims, check_tensors
 from specgraft.export.target_info import rope_fields
