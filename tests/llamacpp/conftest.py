@@ -120,3 +120,11 @@ def distilled_draft(stories260k_dir, tinystories_path, tmp_path_factory) -> Path
     ])
     run_trainer(DistillTrainer(recipe, show_progress=False))
     return out / "run" / "draft"
+
+
+@pytest.fixture(scope="session")
+def plain(llamacpp_bin, stories260k_gguf, story_prompts) -> list:
+    """llama.cpp's plain greedy completions of the story prompts (the reference every oracle test compares with)."""
+    from .oracle import engine_runs
+
+    return engine_runs(["-m", stories260k_gguf], story_prompts)

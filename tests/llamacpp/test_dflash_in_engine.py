@@ -19,30 +19,22 @@ import pytest
 
 from specgraft.decoding.decoder import SpeculativeDecoder
 from specgraft.export import export_head
-from specgraft.export.llamacpp_engine import LlamaServer
 from specgraft.heads.base import load_head
 from specgraft.heads.dflash.drafter import DFlashDrafter
 
-from .test_eagle3_in_engine import CHAINS, NEW_TOKENS, compare
+from .oracle import CHAINS, NEW_TOKENS, compare, engine_runs, speculative_args
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.shared, pytest.mark.slow]
 
 
 def _serve(target_gguf: Path, draft: Path, chain: int) -> list:
-    return ["-m", target_gguf, "-md", draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", chain,
-            "--spec-draft-p-min", 0]
+    return speculative_args(target_gguf, draft, "draft-dflash", chain)
 
 
 @pytest.fixture(scope="module")
 def exported(dflash_head, stories260k_gguf, tmp_path_factory) -> Path:
     return export_head(dflash_head, "llamacpp", tmp_path_factory.mktemp("export") / "dflash",
                        target_gguf=stories260k_gguf).path / "draft.gguf"
-
-
-@pytest.fixture(scope="module")
-def plain(llamacpp_bin, stories260k_gguf, story_prompts) -> list:
-    with LlamaServer(["-m", stories260k_gguf]) as server:
-        return [server.complete(ids, NEW_TOKENS) for ids in story_prompts]
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +54,7 @@ def test_dflash_export_in_llamacpp_is_lossless_and_accepts_what_specgraft_accept
         llamacpp_bin, exported, stories260k_gguf, story_prompts, plain, ours, record_property):
     results = []
     for chain in CHAINS:
-        with LlamaServer(_serve(stories260k_gguf, exported, chain)) as server:
-            engine = [server.complete(ids, NEW_TOKENS) for ids in story_prompts]
+        engine = engine_runs(_serve(stories260k_gguf, exported, chain), story_prompts)
         for run, reference, mine in zip(engine, plain, ours[chain]):
             assert run.tokens == reference.tokens  # lossless in the engine
             assert [reference.tokens[0], *mine.generated_ids] == reference.tokens  # the same sequence in specgraft
@@ -90,8 +81,7 @@ def test_wrong_target_layer_ids_fail_the_engine_check(llamacpp_bin, dflash_head,
     config_file.write_text(json.dumps(config))
     wrong = export_head(wrong_head, "llamacpp", tmp_path / "wrong", target_gguf=stories260k_gguf).path / "draft.gguf"
     chain = 4
-    with LlamaServer(_serve(stories260k_gguf, wrong, chain)) as server:
-        engine = [server.complete(ids, NEW_TOKENS) for ids in story_prompts]
+    engine = engine_runs(_serve(stories260k_gguf, wrong, chain), story_prompts)
     comparison = compare(chain, engine, ours[chain])
     print(f"dflash, wrong target layer ids: {comparison}")
     assert not comparison.agrees, comparison

@@ -10,23 +10,18 @@ import pytest
 from specgraft.decoding.decoder import SpeculativeDecoder
 from specgraft.distill.output import draft_drafter
 from specgraft.export import export_head
-from specgraft.export.llamacpp_engine import LlamaServer
 
-from .test_eagle3_in_engine import MAX_DIFFERING_STEPS, NEW_TOKENS, compare
+from .oracle import MAX_DIFFERING_STEPS, NEW_TOKENS, compare, engine_runs, speculative_args
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.shared, pytest.mark.slow]
 
 
 def test_distilled_draft_in_llamacpp_accepts_what_specgraft_accepts(
-        llamacpp_bin, distilled_draft, stories_target, stories260k_gguf, story_prompts, tmp_path):
+        llamacpp_bin, distilled_draft, stories_target, stories260k_gguf, story_prompts, plain, tmp_path):
     draft = export_head(distilled_draft, "llamacpp", tmp_path / "draft", target_gguf=stories260k_gguf).path
-    with LlamaServer(["-m", stories260k_gguf]) as server:
-        plain = [server.complete(ids, NEW_TOKENS) for ids in story_prompts]
     lines = []
     for k in (2, 4):
-        with LlamaServer(["-m", stories260k_gguf, "-md", draft / "draft.gguf", "--spec-type", "draft-simple",
-                          "--spec-draft-n-max", k, "--spec-draft-p-min", 0]) as server:
-            engine = [server.complete(ids, NEW_TOKENS) for ids in story_prompts]
+        engine = engine_runs(speculative_args(stories260k_gguf, draft / "draft.gguf", "draft-simple", k), story_prompts)
         decoder = SpeculativeDecoder(stories_target, drafter=draft_drafter(distilled_draft, stories_target, k=k),
                                      ignore_eos=True)
         ours = [decoder.generate([*ids, run.tokens[0]], NEW_TOKENS - 1) for ids, run in zip(story_prompts, plain)]

@@ -17,72 +17,28 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from specgraft.decoding.decoder import SpeculativeDecoder, generate_reference
 from specgraft.export import export_head
-from specgraft.export.llamacpp_engine import LlamaServer
 from specgraft.heads.base import load_head
 from specgraft.heads.eagle.drafter import drafter_from_setting
 
+from .oracle import CHAINS, NEW_TOKENS, compare, engine_runs, speculative_args
+
 pytestmark = [pytest.mark.llamacpp, pytest.mark.shared, pytest.mark.slow]
 
-NEW_TOKENS = 48
-CHAINS = (1, 2, 3, 4)
-#: Steps allowed to differ per chain length (near-ties between ggml's and torch's float sums).
-MAX_DIFFERING_STEPS = 2
 
-
-@dataclass
-class Comparison:
-    chain: int
-    steps: int
-    """Steps compared (llama.cpp drafted the full chain)."""
-    differing_steps: int
-    engine_accepted: int
-    specgraft_accepted: int
-
-    @property
-    def agrees(self) -> bool:
-        return self.differing_steps <= MAX_DIFFERING_STEPS
-
-
-def _serve(target_gguf: Path, draft: Path | None, chain: int = 0) -> list:
-    args = ["-m", target_gguf]
-    if draft is not None:
-        args += ["-md", draft, "--spec-type", "draft-eagle3", "--spec-draft-n-max", chain, "--spec-draft-p-min", 0]
-    return args
-
-
-def compare(chain: int, engine: list, ours: list) -> Comparison:
-    """Per-step acceptance of llama.cpp vs specgraft over the steps where llama.cpp drafted the full chain."""
-    steps = differing = engine_total = ours_total = 0
-    for run, result in zip(engine, ours):
-        full = [accepted for accepted, drafted in run.steps if drafted == chain]
-        # Full drafts come first; after the first shortened draft the two schedules part ways.
-        first_short = next((i for i, (_, d) in enumerate(run.steps) if d != chain), len(run.steps))
-        full = full[:first_short]
-        mine = list(result.accepted_lengths[:len(full)])
-        steps += len(full)
-        differing += sum(a != b for a, b in zip(full, mine)) + abs(len(full) - len(mine))
-        engine_total += sum(full)
-        ours_total += sum(mine)
-    return Comparison(chain, steps, differing, engine_total, ours_total)
+def _serve(target_gguf: Path, draft: Path, chain: int) -> list:
+    return speculative_args(target_gguf, draft, "draft-eagle3", chain)
 
 
 @pytest.fixture(scope="module")
 def exported(eagle3_head, stories260k_gguf, tmp_path_factory) -> Path:
     return export_head(eagle3_head, "llamacpp", tmp_path_factory.mktemp("export") / "eagle3",
                        target_gguf=stories260k_gguf).path / "draft.gguf"
-
-
-@pytest.fixture(scope="module")
-def plain(llamacpp_bin, stories260k_gguf, story_prompts) -> list:
-    with LlamaServer(["-m", stories260k_gguf]) as server:
-        return [server.complete(ids, NEW_TOKENS) for ids in story_prompts]
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +66,7 @@ def test_eagle3_export_in_llamacpp_is_lossless_and_accepts_what_specgraft_accept
         llamacpp_bin, exported, stories260k_gguf, story_prompts, plain, ours, record_property):
     results = []
     for chain in CHAINS:
-        with LlamaServer(_serve(stories260k_gguf, exported, chain)) as server:
-            engine = [server.complete(ids, NEW_TOKENS) for ids in story_prompts]
+        engine = engine_runs(_serve(stories260k_gguf, exported, chain), story_prompts)
         for run, reference, mine in zip(engine, plain, ours[chain]):
             assert run.tokens == reference.tokens  # lossless in the engine
             assert [reference.tokens[0], *mine.generated_ids] == reference.tokens  # the same sequence in specgraft
@@ -139,8 +94,7 @@ def test_wrong_layer_id_fails_the_engine_check(llamacpp_bin, eagle3_head, storie
     config_file.write_text(json.dumps(config))
     wrong = export_head(wrong_head, "llamacpp", tmp_path / "wrong", target_gguf=stories260k_gguf).path / "draft.gguf"
     chain = 3
-    with LlamaServer(_serve(stories260k_gguf, wrong, chain)) as server:
-        engine = [server.complete(ids, NEW_TOKENS) for ids in story_prompts]
+    engine = engine_runs(_serve(stories260k_gguf, wrong, chain), story_prompts)
     comparison = compare(chain, engine, ours[chain])
     print(f"wrong layer ids: {comparison}")
     assert not comparison.agrees, comparison
