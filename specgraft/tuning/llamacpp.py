@@ -248,10 +248,11 @@ def draft_spec_type(draft_gguf: Path) -> str:
     from specgraft.gguf import inspect_gguf
     from specgraft.heads.registry import family_names, get_family
 
-    # Our llama.cpp exports name their GGUF architecture after the family (``eagle3``, ``dflash``).
-    spec_types = {name: get_family(name).card.llamacpp_spec_type for name in family_names()
-                  if get_family(name).card is not None and get_family(name).card.llamacpp_spec_type}
-    return spec_types.get(inspect_gguf(draft_gguf), PLAIN_DRAFT_SPEC_TYPE)
+    # Our llama.cpp exports name their GGUF architecture after the family (``eagle3``, ``dflash``); any other
+    # architecture is a plain draft model.
+    architecture = inspect_gguf(draft_gguf)
+    card = get_family(architecture).card if architecture in family_names() else None
+    return (card.llamacpp_spec_type if card is not None else None) or PLAIN_DRAFT_SPEC_TYPE
 
 
 def check_draft_for_target(draft_gguf: Path, target_gguf: Path) -> None:
