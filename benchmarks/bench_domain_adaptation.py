@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (before_dir / "report.json").is_file():
         stages["eval_before"] = run_stage("eval_before", eval_command(args.base_head, args.target, before_dir, args),
                                           logs / "eval-before.log")
-    if not (adapted_dir / "head" / "config.json").is_file():
+    if not (adapted_dir / "head" / "head_config.json").is_file():
         stages["adapt"] = run_stage("adapt", adapt_command(args, adapted_dir), logs / "adapt.log")
     if not (after_dir / "report.json").is_file():
         stages["eval_after"] = run_stage("eval_after", eval_command(adapted_dir / "head", args.target, after_dir, args),

@@ -13,8 +13,10 @@ import yaml
 
 from specgraft.cli import main as cli_main
 from specgraft.config import load_recipe, to_dict
+from specgraft.demos import shipped_head
 from specgraft.demos.smollm2 import (
     RECIPE_KINDS,
+    SHIPPED_EAGLE3,
     SMOLLM2_FULL,
     SMOLLM2_QUICK,
     recipe_sections,
@@ -59,10 +61,39 @@ def test_the_demo_trains_with_the_shipped_smollm2_recipes(kind, tmp_path):
                                              "distill": SMOLLM2_FULL.distill_steps}[kind]
 
 
+def test_the_demo_adapts_the_shipped_eagle3_head(tmp_path):
+    """The shipped head is in the package, made by the EAGLE-3 recipe's head settings for SmolLM2-135M-Instruct's
+    GGUF (so the warm start accepts it), small (bf16), and the demo adapts it for a tenth of the recipe's steps at a
+    lower learning rate."""
+    from safetensors import safe_open
+
+    head = shipped_head(SHIPPED_EAGLE3)
+    assert head is not None
+    meta = json.loads((head / "head_config.json").read_text())
+    shipped = to_dict(load_recipe(RECIPES / "eagle3" / "smollm2-135m-instruct.yaml"))
+    assert meta["head_type"] == "eagle3"
+    assert {k: meta["config"][k] for k in ("num_layers", "draft_vocab_size", "ttt_steps", "loss_decay")} == \
+        {k: shipped["head"][k] for k in ("num_layers", "draft_vocab_size", "ttt_steps", "loss_decay")}
+    assert meta["target"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert meta["target"]["source"].startswith("gguf:SmolLM2-135M-Instruct.Q4_1.gguf sha256:")
+    with safe_open(str(head / "head.safetensors"), framework="pt") as fh:
+        dtypes = {str(fh.get_slice(name).get_dtype()) for name in fh.keys()}
+    assert "BF16" in dtypes and not {"F32", "F64"} & dtypes
+    assert (head / "head.safetensors").stat().st_size < 32 * 2**20
+    assert "specgraft train recipes/eagle3/smollm2-135m-instruct.yaml" in (head / "README.md").read_text()
+    demo = to_dict(smollm2_recipe("eagle3", tmp_path / "target", tmp_path / "train.jsonl", tmp_path / "eagle3",
+                                  SMOLLM2_FULL, init_from=head))
+    assert demo["head"]["init_from"] == str(head)
+    assert demo["training"]["max_steps"] == SMOLLM2_FULL.eagle3_adapt_steps == shipped["training"]["max_steps"] // 10
+    assert demo["training"]["learning_rate"] == SMOLLM2_FULL.warm_start_learning_rate \
+        < shipped["training"]["learning_rate"]
+
+
 def test_demo_options_of_the_real_target_are_refused_for_the_embedded_one(tmp_path, capsys):
     assert cli_main(["demo", "--quick", "--out", str(tmp_path / "d"), "--prompts", "q.jsonl"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --prompts and --sharegpt apply to `demo --target smollm2`") and "Traceback" not in err
+    assert err.startswith("error: --prompts, --sharegpt and --from-scratch apply to `demo --target smollm2`") \
+        and "Traceback" not in err
     assert not (tmp_path / "d").exists()
 
 
@@ -115,4 +146,7 @@ def test_demo_smollm2_quick_end_to_end(smollm2_dir, tmp_path):
     text = (out / "summary.md").read_text()
     assert "SmolLM2-135M-Instruct" in text and "DFlash is not part of this demo" in text
     assert (out / "summary.png").stat().st_size > 0
-    assert yaml.safe_load((out / "eagle3" / "recipe.yaml").read_text())["head"]["draft_vocab_size"] == 512
+    # EAGLE-3 warm-started from the shipped head (the warm start refuses a head of another target or size).
+    recipe = yaml.safe_load((out / "eagle3" / "recipe.yaml").read_text())
+    assert recipe["head"]["init_from"] == str(shipped_head(SHIPPED_EAGLE3))
+    assert recipe["head"]["draft_vocab_size"] == 16384 and "warm-started from the head shipped" in text

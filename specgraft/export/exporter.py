@@ -363,7 +363,8 @@ def export_head(
     with writing_output(final, "export", overwrite=overwrite, inputs=inputs), atomic_path(final) as tmp:
         tmp.mkdir(parents=True)
         if fmt == "native":
-            files += _write_native(head_dir, head_files, tmp)
+            files += _write_native(head_dir, head_files, tmp, dtype=DTYPE_NAMES[dtype] if dtype else None,
+                                   base_model=base_model)
         else:
             ckpt = to_engine(head_type, fmt, state, meta, info, base_model=base,
                              dtype=DTYPE_NAMES[dtype] if dtype else None, speculative_tokens=speculative_tokens)
@@ -564,12 +565,27 @@ def card_from_export_meta(export_meta: dict[str, Any], repo_id: str | None, loca
 NATIVE_FILES = (HEAD_WEIGHTS_NAME, HEAD_CONFIG_NAME, RECIPE_NAME, TUNED_NAME, ADAPTER_DIR)
 
 
-def _write_native(head_dir: Path, head_files: list[str], tmp: Path) -> list[str]:
+def _write_native(head_dir: Path, head_files: list[str], tmp: Path, dtype: torch.dtype | None = None,
+                  base_model: str | None = None) -> list[str]:
     """Copy ``head_files`` (:func:`~specgraft.utils.outputs.files_inside` checked that none leads out of the head
-    folder) byte for byte; returns their names."""
+    folder) byte for byte, except that ``dtype`` casts the weights' floating-point tensors (integer buffers, such as
+    EAGLE-3's draft vocabulary map, are kept) and ``base_model`` replaces the target's recorded ``name_or_path`` (a
+    local path another machine does not have) by its Hub id; returns their names."""
     for name in head_files:
         (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(head_dir / name, tmp / name)
+        if name == HEAD_WEIGHTS_NAME and dtype is not None:
+            with safe_open(str(head_dir / name), framework="pt") as fh:
+                metadata = dict(fh.metadata() or {})
+            state = {key: t.to(dtype) if t.is_floating_point() else t
+                     for key, t in load_file(str(head_dir / name)).items()}
+            save_file(state, str(tmp / name), metadata={**metadata, "dtype": str(dtype).removeprefix("torch.")})
+            _verify_written(tmp / name, state)
+        elif name == HEAD_CONFIG_NAME and base_model is not None:
+            meta = json.loads((head_dir / name).read_text(encoding="utf-8"))
+            meta["target"]["name_or_path"] = base_model
+            (tmp / name).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        else:
+            shutil.copyfile(head_dir / name, tmp / name)
     return [Path(name).as_posix() for name in head_files]
 
 

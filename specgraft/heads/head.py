@@ -415,7 +415,10 @@ def warm_start(head: DraftHead, path: str | Path) -> dict[str, Any]:
     differs = [f"{name} {getattr(source, name)!r} vs {getattr(head.target_identity, name)!r}"
                for name in ("name_or_path", "model_type", "source")
                if getattr(source, name) != getattr(head.target_identity, name)]
-    if differs:
+    # The same recorded weights (a GGUF's checksum) under another name is the same target moved or renamed (a
+    # shipped head names its Hub id): nothing to warn about.
+    same_weights = source.source is not None and source.source == head.target_identity.source
+    if differs and not same_weights:
         logging.getLogger(__name__).warning(
             "%s was trained on another target of the same architecture and tokenizer (%s): warm-starting on it, as "
             "for a fine-tuned target of the same base", where, "; ".join(differs))
@@ -425,7 +428,10 @@ def warm_start(head: DraftHead, path: str | Path) -> dict[str, Any]:
     except HeadWeightsMismatch as exc:
         raise SpecgraftError(f"{exc}; set this recipe's head: section to the source head's sizes (its "
                              f"{HEAD_CONFIG_NAME} config)") from None
-    return {"warm_started_from": str(path), "warm_start_target_differs": "; ".join(differs)}
+    facts: dict[str, Any] = {"warm_started_from": str(path)}
+    if differs:
+        facts["warm_start_target_differs"] = "; ".join(differs)
+    return facts
 
 
 def load_head_weights(head: DraftHead, head_dir: Path) -> None:

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from specgraft.export import export_head, load_export, read_export_meta, supported_formats
 from specgraft.export.target_info import rope_fields
@@ -193,3 +194,25 @@ def test_cli_export(saved_heads, llama_target, tmp_path, capsys):
     assert code == 0 and f"to {tmp_path / 'tiny-eagle-1'}" in out and "  model.safetensors" in out
     card = (tmp_path / "tiny-eagle-1" / "README.md").read_text()
     assert 'base_model: "org/tiny"' in card and '"model": "org/tiny-eagle-1", "method": "eagle"' in card
+
+
+def test_native_casts_and_names_the_base_model(saved_heads, llama_target, tmp_path):
+    """A native export for publishing: --dtype casts the floating-point weights (the head then loads as the bf16
+    rounding of the trained one), integer buffers are kept, and --base-model replaces the local target path."""
+    source = saved_heads["eagle3"]
+    out = export_head(source, "native", tmp_path / "n", dtype="bfloat16", base_model="org/tiny").path
+    written, original = load_file(str(out / "head.safetensors")), load_file(str(source / "head.safetensors"))
+    assert written.keys() == original.keys()
+    for name, tensor in original.items():
+        expected = tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+        assert written[name].dtype == expected.dtype and torch.equal(written[name], expected), name
+    assert any(not t.is_floating_point() for t in original.values())  # the draft vocabulary map is there, uncast
+    config = json.loads((out / "head_config.json").read_text())
+    assert config["target"]["name_or_path"] == "org/tiny"
+    rounded = make_head(llama_target, "eagle3")
+    rounded.load_state_dict(original)
+    with torch.no_grad():
+        for p in rounded.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    torch.testing.assert_close(head_outputs(load_head(llama_target, out), llama_target),
+                               head_outputs(rounded, llama_target), rtol=0, atol=0)

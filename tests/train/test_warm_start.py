@@ -131,3 +131,34 @@ def test_replay_share_is_honoured(tiny_run, tmp_path):  # noqa: F811
     assert sorted(Counter(r[0] for r in mixed["input_ids"][9:]).items(), key=lambda kv: kv[0])[0][0] == 100
     assert sorted(Counter(r[0] for r in mixed["input_ids"][9:]).values()) == [4, 5]
     assert len(mix_replay(train, replay, 0.0, seed=0)) == 9
+
+
+def test_the_same_recorded_weights_under_another_name_do_not_warn(tmp_path, caplog):
+    """A shipped head names its target by Hub id while the user's copy is a local folder: when both record the same
+    weights (a GGUF's checksum) the warm start is silent; another checksum still warns."""
+    import dataclasses
+
+    from specgraft.heads.head import warm_start
+    from specgraft.testing import tiny_model, tiny_tokenizer
+
+    folder = tmp_path / "target"
+    tiny_model("llama").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    target = load_target(folder)
+    from specgraft.heads.medusa.model import MedusaHead
+
+    def build() -> MedusaHead:
+        return MedusaHead.build(target, MedusaHead.Config(num_heads=2).resolve(target))
+
+    head = build()
+    weights = "gguf:model.gguf sha256:0123"
+    head.target_identity = dataclasses.replace(target.identity, source=weights, name_or_path="org/model")
+    shipped = head.save_pretrained(tmp_path / "shipped")
+    user_head = build()
+    for source, warns in ((weights, False), ("gguf:model.gguf sha256:4567", True)):
+        user_head.target_identity = dataclasses.replace(target.identity, source=source)
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            facts = warm_start(user_head, shipped)
+        assert any("same architecture and tokenizer" in r.message for r in caplog.records) is warns
+        assert "name_or_path 'org/model'" in facts["warm_start_target_differs"]
