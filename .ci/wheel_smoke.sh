@@ -37,7 +37,8 @@ in_tree = {p.relative_to(src).as_posix() for p in (src / "specgraft").rglob("*")
            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
 required = {"specgraft/defaults/model/config.json", "specgraft/defaults/model/model.safetensors",
             "specgraft/defaults/model/tokenizer.json", "specgraft/defaults/model/training_report.json",
-            "specgraft/export/FORMATS.md"}
+            "specgraft/export/FORMATS.md",
+            "specgraft/demos/heads/smollm2-135m-instruct-eagle3/head.safetensors"}
 missing, stray = sorted(in_tree - in_wheel), sorted(in_wheel - in_tree)
 if missing or stray or not required <= in_wheel:
     sys.exit(f"wheel content mismatch: missing {missing or sorted(required - in_wheel)}, not in the tree {stray}")
