@@ -1,23 +1,33 @@
-"""benchmarks/bench_specforge_stories260k.py's --lever parsing (the runs themselves need the SpecForge venv)."""
+"""The SpecForge side-by-side benchmarks' argument handling and refusals (benchmarks/bench_specforge_*.py and
+benchlib.specforge); the runs themselves need the SpecForge venv and are not part of the suite."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
 import pytest
+from benchlib import specforge
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("bench_specforge_stories260k",
-                                              ROOT / "benchmarks" / "bench_specforge_stories260k.py")
-bench = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = bench
-spec.loader.exec_module(bench)
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+stories = load_script("bench_specforge_stories260k")
+smol = load_script("bench_specforge_smollm2")
 
 
 def test_levers_are_named_override_lists():
-    got = bench.parse_levers(["ttt5:head.ttt_steps=5", "both:head.loss_decay=1.0,training.learning_rate=6e-3"])
+    got = specforge.parse_levers(["ttt5:head.ttt_steps=5", "both:head.loss_decay=1.0,training.learning_rate=6e-3"])
     assert got == [("ttt5", ["head.ttt_steps=5"]), ("both", ["head.loss_decay=1.0", "training.learning_rate=6e-3"])]
 
 
@@ -25,7 +35,78 @@ def test_levers_are_named_override_lists():
                                   "two words:head.ttt_steps=5"])
 def test_a_malformed_lever_is_one_error_line(item, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        bench.parse_levers([item])
+        specforge.parse_levers([item])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: --lever")
+
+
+@pytest.fixture
+def smol_inputs(tmp_path: Path) -> dict[str, Path]:
+    """A target folder, a data file and an MT-bench-style question file (two turns, two categories)."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text("{}", encoding="utf-8")
+    data = tmp_path / "data.jsonl"
+    data.write_text("{}\n", encoding="utf-8")
+    questions = tmp_path / "question.jsonl"
+    rows = [{"question_id": 81 + i, "category": category, "turns": [f"first {i}", f"second {i}"]}
+            for i, category in enumerate(["writing", "writing", "math", "math", "math"])]
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return {"target": target, "data": data, "questions": questions, "out": tmp_path / "out.json"}
+
+
+def run_smol(argv: list[str], monkeypatch) -> int:
+    monkeypatch.setattr(sys, "argv", ["bench_specforge_smollm2.py", *argv])
+    return smol.main()
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("no_target", "--target-model"), ("no_data", "--data"), ("no_questions", "--questions"),
+    ("per_domain", "--per-domain"), ("steps", "--steps"), ("micro_batch", "--micro-batch"),
+    ("lever", "--lever"),
+])
+def test_the_smollm2_bench_refuses_bad_input_in_one_line_before_building_anything(case, expected, smol_inputs,
+                                                                                   tmp_path, monkeypatch, capsys):
+    inputs = dict(smol_inputs)
+    extra: list[str] = []
+    if case == "no_target":
+        inputs["target"] = tmp_path / "missing"
+    elif case == "no_data":
+        inputs["data"] = tmp_path / "missing.jsonl"
+    elif case == "no_questions":
+        inputs["questions"] = tmp_path / "missing.jsonl"
+    else:
+        extra = {"per_domain": ["--per-domain", "0"], "steps": ["--steps", "0"], "micro_batch": ["--micro-batch", "-1"],
+                 "lever": ["--lever", "specgraft:head.ttt_steps=5"]}[case]
+    argv = ["--peers", str(tmp_path / "peers"), "--target-model", str(inputs["target"]), "--data", str(inputs["data"]),
+            "--questions", str(inputs["questions"]), "--out", str(inputs["out"]), "--results-dir", str(tmp_path),
+            *extra]
+    with pytest.raises(SystemExit) as exit_info:
+        run_smol(argv, monkeypatch)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and expected in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl", "question.jsonl", "target"]  # nothing written
+
+
+def test_the_held_out_prompts_are_mt_bench_first_turns_per_category(smol_inputs, tmp_path):
+    facts = smol.write_first_turns(smol_inputs["questions"], 2, tmp_path / "work" / "prompts.jsonl")
+    rows = [json.loads(line) for line in Path(facts["prompts_file"]).read_text(encoding="utf-8").splitlines()]
+    assert facts["num_prompts"] == 4 and facts["domains"] == ["math", "writing"]
+    assert [(r["category"], r["turns"]) for r in rows] == [
+        ("writing", ["first 0"]), ("writing", ["first 1"]), ("math", ["first 2"]), ("math", ["first 3"])]
+    from specgraft.evaluation.prompts import load_prompts
+
+    assert [p.turns for p in load_prompts(facts["prompts_file"])] == [r["turns"] for r in rows]  # the eval reads it
+
+
+def test_the_specforge_draft_config_follows_the_target(tmp_path):
+    config = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+              "head_dim": 64, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "vocab_size": 49152,
+              "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}, "bos_token_id": 1,
+              "eos_token_id": 2}
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    draft = specforge.specforge_draft_config(tmp_path, {"draft_vocab_size": 16384})
+    assert draft["rope_theta"] == 100000.0  # transformers 5 keeps it under rope_parameters
+    assert (draft["num_hidden_layers"], draft["draft_vocab_size"], draft["num_key_value_heads"]) == (1, 16384, 3)
