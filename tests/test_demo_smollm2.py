@@ -149,4 +149,4 @@ def test_demo_smollm2_quick_end_to_end(smollm2_dir, tmp_path):
     # EAGLE-3 warm-started from the shipped head (the warm start refuses a head of another target or size).
     recipe = yaml.safe_load((out / "eagle3" / "recipe.yaml").read_text())
     assert recipe["head"]["init_from"] == str(shipped_head(SHIPPED_EAGLE3))
-    assert recipe["head"]["draft_vocab_size"] == 16384 and "warm-started from the head shipped" in text
+    assert recipe["head"]["draft_vocab_size"] == 16384 and "eagle3 warm-started from the head shipped" in text

@@ -40,6 +40,7 @@ from specgraft.demos.steps import demo_recipe, demo_recipe_sections, in_registry
 from specgraft.errors import SpecgraftError
 from specgraft.evaluation.prompts import load_prompts
 from specgraft.gguf import resolve_model_path
+from specgraft.heads.head import read_head_config
 from specgraft.packaged import INSTALL_COMMAND
 from specgraft.target import Target, load_target
 from specgraft.utils.io import atomic_write_text
@@ -52,6 +53,8 @@ SHAREGPT_DOMAIN = "sharegpt"
 #: The EAGLE-3 head for SmolLM2-135M-Instruct shipped in the package (``specgraft/demos/heads/<this>/``, its README
 #: gives the commands and budget that trained it).
 SHIPPED_EAGLE3 = "smollm2-135m-instruct-eagle3"
+#: The shipped heads the demo adapts instead of training their families from scratch.
+SHIPPED_HEADS = (SHIPPED_EAGLE3,)
 
 
 @dataclass(frozen=True)
@@ -209,16 +212,20 @@ def regenerate_training_data(target: Target, records: Any, train_file: Path, bud
     print(f"[demo]   {stats.summary()}", flush=True)
 
 
-def warm_start_head(from_scratch: bool) -> Path | None:
-    """The shipped EAGLE-3 head the demo warm-starts from (None: ``from_scratch``, or an installation without it,
-    which then trains from scratch and says so)."""
+def warm_start_heads(from_scratch: bool) -> dict[str, Path]:
+    """The shipped heads the demo warm-starts from, by the family their ``head_config.json`` names (empty:
+    ``from_scratch``, or an installation without them, which then trains from scratch and says so)."""
     if from_scratch:
-        return None
-    head = shipped_head(SHIPPED_EAGLE3)
-    if head is None:
-        print(f"[demo] this installation lacks the shipped head {SHIPPED_EAGLE3}: EAGLE-3 trains from scratch",
-              flush=True)
-    return head
+        return {}
+    heads = {}
+    for name in SHIPPED_HEADS:
+        head = shipped_head(name)
+        if head is None:
+            print(f"[demo] this installation lacks the shipped head {name}: its family trains from scratch",
+                  flush=True)
+        else:
+            heads[read_head_config(head)["head_type"]] = head
+    return heads
 
 
 def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = None, skip: set[str] | None = None,
@@ -245,19 +252,18 @@ def run_smollm2_demo(out: Path, budget: SmolLM2Budget, threads: int | None = Non
     train_file = data_dir / "train.jsonl"
     regenerate_training_data(target, train_records, train_file, budget)
 
-    init_from = warm_start_head(from_scratch) if "eagle3" not in skip else None
-    recipes = {kind: smollm2_recipe(kind, target_path, train_file, out / kind, budget,
-                                    init_from=init_from if kind == "eagle3" else None)
+    warm = {kind: head for kind, head in warm_start_heads(from_scratch).items() if kind in RECIPE_KINDS}
+    recipes = {kind: smollm2_recipe(kind, target_path, train_file, out / kind, budget, init_from=warm.get(kind))
                for kind in in_registry_order(RECIPE_KINDS) if kind not in skip}
     results, tuning, exports = run_drafters(out, target, target_path, recipes, prompts_file, budget, threads,
                                             export="export" not in skip)
     elapsed = time.perf_counter() - started
-    eagle3 = (f"EAGLE-3 warm-started from the head shipped with specgraft (`{init_from}`, its README gives the "
-              f"command and budget that trained it) and adapted for {budget.eagle3_adapt_steps} steps at learning rate "
-              f"{budget.warm_start_learning_rate:g} on this run's data" if init_from is not None else
-              f"EAGLE-3 trained from scratch for {budget.eagle3_steps} steps")
+    warm_notes = tuple(f"{kind} warm-started from the head shipped with specgraft (`{head}`, its README gives the "
+                       f"command and budget that trained it) and adapted for {budget.eagle3_adapt_steps} steps at "
+                       f"learning rate {budget.warm_start_learning_rate:g} on this run's data"
+                       for kind, head in warm.items() if kind in recipes)
     notes = (f"training data: the target's own first replies to {budget.conversations} ShareGPT conversations "
-             f"(`{train_file}`); evaluation prompts: `{prompts_file}`", eagle3,
+             f"(`{train_file}`); evaluation prompts: `{prompts_file}`", *warm_notes,
              "DFlash is not part of this demo: at this budget it does not pay on a CPU "
              "(`benchmarks/bench_dflash.py` measures it)")
     return write_summary(out, results, exports, elapsed, f"SmolLM2-135M-Instruct (float32, `{target_path}`)",
