@@ -45,7 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchlib.results import add_result_arguments, write_result
+from benchlib.results import add_result_arguments, save_png, write_result
 from benchlib.stages import StageLog, run_stage, specgraft
 from benchlib.stories import prepare_stories260k
 
@@ -161,12 +161,7 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> Pa
         ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_png(fig, path)
 
 
 # -- targets ------------------------------------------------------------------------------------------------------

@@ -131,3 +131,16 @@ def write_result(name: str, figures: Figures, *, title: str, dtype: str, threads
     tmp.replace(path)
     print(f"result: {path}", flush=True)
     return path
+
+
+def save_png(fig: Any, path: Path, dpi: int = 110) -> Path:
+    """Write a pyplot figure to ``path`` atomically (a temporary name, then a rename; its folder made), close it and
+    return ``path``."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=dpi)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

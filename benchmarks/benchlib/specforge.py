@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from benchlib.results import add_result_arguments, write_result
+from benchlib.results import add_result_arguments, save_png, write_result
 from benchlib.stages import ROOT, fmt, lossless_label, train_one
 from benchlib.stories import evaluate_heads
 
@@ -349,12 +349,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_png(fig, path)
 
 
 def side_by_side(args: argparse.Namespace, label: str, model_dir: Path, split: Mapping[str, Any], work: Path,
