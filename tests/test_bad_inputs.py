@@ -512,7 +512,7 @@ def test_dry_run_says_when_the_data_path_is_missing(world, capsys):
     path = recipe(world, "drm", data={"path": str(world / "nope.jsonl"), "max_length": 256})
     assert cli_main(["train", str(path), "--dry-run"]) == 0
     captured = capsys.readouterr()
-    assert "dry run ok" not in captured.out and "dry run passed except for the data" in captured.out
+    assert "dry run ok" not in captured.out and "dry run passed except for its inputs" in captured.out
     assert f"WARNING: the real run will fail here: data path {world / 'nope.jsonl'} does not exist" in captured.err
 
 

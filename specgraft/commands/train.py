@@ -67,14 +67,15 @@ def run_job(args: argparse.Namespace, trainer_cls: type, module: str, describe) 
         from specgraft.train.dry_run import dry_run_recipe
 
         summary = dry_run_recipe(recipe, trainer_cls)
-        # "ok" only when nothing known will fail: a missing data file (recipes are dry-run before the data is
-        # downloaded, so it is no error here) makes it a partial pass, said as such.
-        verdict = "dry run passed except for the data" if summary.get("data_problem") else "dry run ok"
+        # "ok" only when nothing known will fail: a missing data file or source head (recipes are dry-run before the
+        # data is downloaded, so it is no error here) makes it a partial pass, said as such.
+        problems = summary.get("input_problems") or []
+        verdict = "dry run passed except for its inputs" if problems else "dry run ok"
         print(f"{verdict}: {args.recipe} on a tiny random {summary['model_type']} "
               f"({summary['stand_in_layers']} layers): {summary['trainable_parameters']:,} trainable parameters, "
               f"{summary['optimizer_groups']} optimizer group(s), {summary['steps']} step")
-        if summary.get("data_problem"):
-            print(f"WARNING: the real run will fail here: {summary['data_problem']}", file=sys.stderr)
+        for problem in problems:
+            print(f"WARNING: the real run will fail here: {problem}", file=sys.stderr)
         return 0
     if args.num_processes or args.accelerate_config:
         return _launch(args, module, recipe.output.dir)

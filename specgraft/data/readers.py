@@ -76,8 +76,9 @@ def default_cache_dir() -> Path:
     return Path(base) / "specgraft" / "datasets"
 
 
-def source_files(path: str | os.PathLike) -> list[Path]:
-    """The files that make up a source (the file itself, a saved dataset's files, or a folder's data files).
+def source_files(path: str | os.PathLike, key: str = "data.path") -> list[Path]:
+    """The files that make up a source (the file itself, a saved dataset's files, or a folder's data files);
+    ``key`` is the recipe field the error messages name.
 
     Raises:
         SpecgraftError: the path does not exist, or a folder holds no data file.
@@ -85,8 +86,8 @@ def source_files(path: str | os.PathLike) -> list[Path]:
     p = Path(path).expanduser()
     if not p.exists():
         raise SpecgraftError(
-            f"data path {path} does not exist; set data.path to a .json/.jsonl/.txt file, a folder saved with "
-            "datasets' save_to_disk, or a folder of such files"
+            f"{key.replace('.', ' ').replace('_', ' ')} {path} does not exist; set {key} to a .json/.jsonl/.txt "
+            "file, a folder saved with datasets' save_to_disk, or a folder of such files"
         )
     if p.is_file():
         return [p]
@@ -96,7 +97,7 @@ def source_files(path: str | os.PathLike) -> list[Path]:
     if not files:
         raise SpecgraftError(
             f"folder {path} holds no data file ({', '.join(DATA_SUFFIXES)}) and was not saved with save_to_disk; "
-            "point data.path at the data itself"
+            f"point {key} at the data itself"
         )
     return files
 

@@ -62,17 +62,13 @@ SYNTHETIC_CONVERSATIONS = [
 
 def dry_run_recipe(recipe: Recipe | DistillRecipe, trainer_cls: Any = None) -> dict[str, Any]:
     """Run one training step of ``recipe`` against a tiny random stand-in of its target; returns a summary."""
-    from specgraft.data.readers import source_files
     from specgraft.train.trainer import HeadTrainer
 
     trainer_cls = trainer_cls or HeadTrainer
-    # The stand-in trains on synthetic data, so a missing data.path cannot fail the dry run; the real run needs
-    # it, so say so (recipes are often dry-run on a laptop before the data is downloaded).
-    try:
-        source_files(recipe.data.path)
-        data_problem = None
-    except SpecgraftError as exc:
-        data_problem = str(exc)
+    # The stand-in trains on synthetic data from a fresh head, so a missing data file or source head cannot fail the
+    # dry run; the real run needs them, so say so (recipes are often dry-run on a laptop before the data is
+    # downloaded).
+    problems = _input_problems(recipe)
     model_type = guess_model_type(recipe.model.name_or_path)
     needed = max(getattr(getattr(recipe, "head", None), "feature_layers", None) or [0])
     layers = max(4, needed + 3)
@@ -92,6 +88,10 @@ def dry_run_recipe(recipe: Recipe | DistillRecipe, trainer_cls: Any = None) -> d
         stand_in.data.cache_dir = str(Path(tmp) / "cache")
         stand_in.data.num_samples = None
         stand_in.data.eval_fraction = 0.0
+        if stand_in.data.replay_path:  # the replay mixing runs too, on the same synthetic rows
+            stand_in.data.replay_path = str(data)
+        if getattr(getattr(stand_in, "head", None), "init_from", None):
+            stand_in.head.init_from = None  # a head for the real target does not fit the stand-in
         stand_in.model.dtype = "float32"
         stand_in.training.max_steps = 1
         stand_in.training.micro_batch_size = min(stand_in.training.micro_batch_size, 2)
@@ -113,4 +113,31 @@ def dry_run_recipe(recipe: Recipe | DistillRecipe, trainer_cls: Any = None) -> d
         finally:
             trainer.cleanup()
     return {"model_type": model_type, "stand_in_layers": layers, "trainable_parameters": n_params,
-            "optimizer_groups": groups, "steps": summary["steps"], "data_problem": data_problem}
+            "optimizer_groups": groups, "steps": summary["steps"], "input_problems": problems}
+
+
+def _input_problems(recipe: Recipe | DistillRecipe) -> list[str]:
+    """What the real run would fail on among the recipe's inputs that the stand-in replaces (its data files and
+    the head it warm-starts from), each as its error message."""
+    from specgraft.data.readers import source_files
+    from specgraft.heads.base import read_head_config
+
+    problems = []
+    for key in ("data.path", "data.replay_path"):
+        path = getattr(recipe.data, key.split(".")[1])
+        try:
+            if path:
+                source_files(path, key=key)
+        except SpecgraftError as exc:
+            problems.append(str(exc))
+    init_from = getattr(getattr(recipe, "head", None), "init_from", None)
+    if init_from:
+        try:
+            head_type = read_head_config(init_from)["head_type"]
+        except SpecgraftError as exc:
+            problems.append(f"head.init_from: {exc}")
+        else:
+            if head_type != recipe.head.type:
+                problems.append(f"head.init_from {init_from} is a {head_type} head but head.type is "
+                                f"{recipe.head.type}; start from a {recipe.head.type} head")
+    return problems

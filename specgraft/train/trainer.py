@@ -264,6 +264,10 @@ class RecipeTrainer:
         # Data: tokenised once (main process first so the cache is written once).
         if self.dataset is None:
             from specgraft.data import build_dataset
+            from specgraft.data.readers import source_files
+
+            if r.data.replay_path:  # checked before the main data is tokenised (or regenerated) for nothing
+                source_files(r.data.replay_path, key="data.replay_path")
 
             # build_dataset coordinates processes itself; regeneration needs the target to generate with.
             splits = build_dataset(r.data, target.tokenizer, model=target.model if r.data.regenerate else None)

@@ -162,3 +162,27 @@ def test_the_same_recorded_weights_under_another_name_do_not_warn(tmp_path, capl
             facts = warm_start(user_head, shipped)
         assert any("same architecture and tokenizer" in r.message for r in caplog.records) is warns
         assert "name_or_path 'org/model'" in facts["warm_start_target_differs"]
+
+
+def test_missing_replay_data_and_source_head_are_named(tiny_run, tmp_path, capsys):  # noqa: F811
+    """A missing data.replay_path fails the run in one line naming that field (not data.path), before the main data
+    is tokenised or anything is written; the dry run (whose stand-in trains on synthetic rows from a fresh head)
+    passes but names each input the real run would fail on."""
+    _, write_recipe = tiny_run
+    recipe = write_recipe("noreplay.yaml", data={"replay_path": str(tmp_path / "gone.jsonl")},
+                          head={"type": "eagle3", "ttt_steps": 2, "init_from": str(tmp_path / "no-head")},
+                          output={"dir": str(tmp_path / "out")})
+    assert cli_main(["train", str(recipe), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"error: data replay path {tmp_path / 'gone.jsonl'} does not exist; set data.replay_path to a "
+                       ".json/.jsonl/.txt file, a folder saved with datasets' save_to_disk, or a folder of such files")
+    assert not (tmp_path / "out" / "head").exists() and not (tmp_path / "out" / "checkpoints").exists()
+
+    assert cli_main(["train", str(recipe), "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert "dry run passed except for its inputs" in captured.out
+    warnings = [line for line in captured.err.splitlines() if line.startswith("WARNING: the real run will fail")]
+    assert len(warnings) == 2
+    assert "set data.replay_path" in warnings[0]
+    assert warnings[1].endswith(f"head.init_from: head folder {tmp_path / 'no-head'} does not exist; pass a folder "
+                                "written by save_pretrained/train")
