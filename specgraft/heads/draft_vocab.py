@@ -78,6 +78,31 @@ def vocab_coverage(t2d: torch.Tensor, token_counts: torch.Tensor) -> float:
     return float(counts[mask].sum()) / total if total > 0 else 0.0
 
 
+def check_counts(vocab_size: int, token_counts: torch.Tensor | None,
+                 heldout_counts: torch.Tensor | None = None) -> None:
+    """One error naming the fix for counts [V] (training or held-out) whose shape is not the target vocabulary's."""
+    for name, given in (("token counts", token_counts), ("held-out token counts", heldout_counts)):
+        counts = None if given is None else torch.as_tensor(given)
+        if counts is not None and (counts.dim() != 1 or counts.numel() != vocab_size):
+            raise SpecgraftError(f"{name} have shape {tuple(counts.shape)} but the target vocabulary has "
+                                 f"{vocab_size} entries; count tokens with the target's tokenizer "
+                                 "(token_frequencies(ds, vocab))")
+
+
+def coverage_facts(t2d: torch.Tensor, token_counts: torch.Tensor,
+                   heldout_counts: torch.Tensor | None = None) -> dict[str, float | int]:
+    """The coverage facts a reduced draft vocabulary (t2d bool [V]) logs for the training counts [V] and, when any
+    tokens were held out, for those: ``draft_vocab_size``, ``draft_vocab_train_coverage``,
+    ``draft_vocab_coverage`` and ``draft_vocab_heldout_tokens``."""
+    facts: dict[str, float | int] = {"draft_vocab_size": int(torch.as_tensor(t2d).sum()),
+                                     "draft_vocab_train_coverage": vocab_coverage(t2d, token_counts)}
+    heldout_tokens = 0 if heldout_counts is None else int(torch.as_tensor(heldout_counts).sum())
+    if heldout_tokens > 0:
+        facts["draft_vocab_coverage"] = vocab_coverage(t2d, heldout_counts)
+        facts["draft_vocab_heldout_tokens"] = heldout_tokens
+    return facts
+
+
 def heldout_rows(num_rows: int, heldout_every: int) -> tuple[list[int], list[int]]:
     """Split row indices into (rows to count the vocabulary from, held-out rows to measure coverage on).
 

@@ -144,12 +144,14 @@ class DraftHead(nn.Module):
         """output_hidden_states indices of the target that training and drafting need."""
         raise NotImplementedError
 
-    def prepare_from_data(self, token_counts: torch.Tensor | None,
-                          heldout_counts: torch.Tensor | None = None) -> dict[str, Any]:
+    def prepare_from_data(self, token_counts: torch.Tensor | None, heldout_counts: torch.Tensor | None = None,
+                          *, keep_vocabulary: bool = False) -> dict[str, Any]:
         """Called once by the trainer before training with the counts [V] of loss (assistant) tokens in the
         training data, and those of the rows held out of them (None when none are). Heads that derive state from
         data (EAGLE-3's draft vocabulary) set it here from ``token_counts`` and return facts worth logging (e.g.
-        draft-vocab coverage, measured on ``heldout_counts``). Default: nothing."""
+        draft-vocab coverage, measured on ``heldout_counts``). ``keep_vocabulary``: the head was warm-started and
+        keeps the vocabulary it came with (its output rows are trained for it); only its coverage of this data is
+        reported. Default: nothing."""
         return {}
 
     def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,

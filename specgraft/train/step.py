@@ -102,11 +102,14 @@ class HeadTrainStep:
         self.head = head
         counts, heldout = loss_token_counts(trainer.dataset, target.vocab_size,
                                             getattr(r.head, "draft_vocab_heldout_every", 0))
-        facts = head.prepare_from_data(counts, heldout) or {}
-        if init_from:  # after prepare_from_data: the source head's draft vocabulary replaces the data's
+        facts: dict[str, Any] = {}
+        if init_from:
             from specgraft.heads.base import warm_start
 
-            facts = {**facts, **warm_start(head, init_from)}
+            facts = warm_start(head, init_from)
+        # A warm-started head keeps its draft vocabulary (its output rows were trained for it): the facts then say
+        # how well that vocabulary covers the new data.
+        facts = {**(head.prepare_from_data(counts, heldout, keep_vocabulary=bool(init_from)) or {}), **facts}
         trainer.data_facts.update(facts)
         for key, value in facts.items():
             logger.info("%s: %s", key, value)

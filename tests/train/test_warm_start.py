@@ -29,15 +29,27 @@ def _source(write_recipe, tmp_path: Path, head: dict, name: str) -> Path:
 
 def test_warm_start_reproduces_the_source_head_at_step_0(tiny_run, tmp_path):  # noqa: F811
     model_dir, write_recipe = tiny_run
-    head_cfg = {"type": "eagle3", "ttt_steps": 2}
+    head_cfg = {"type": "eagle3", "ttt_steps": 2, "draft_vocab_size": 64}
     source = _source(write_recipe, tmp_path, head_cfg, "source")
+    other = tmp_path / "other.txt"  # new data whose tokens would choose another draft vocabulary
+    other.write_text("\n\n".join(f"Zebras {i} quietly graze near seven old windmills today." for i in range(60)))
     recipe = load_recipe(write_recipe("warm.yaml", head={**head_cfg, "init_from": str(source)},
-                                      output={"dir": str(tmp_path / "warm")}))
+                                      data={"path": str(other)}, output={"dir": str(tmp_path / "warm")}))
     trainer = HeadTrainer(recipe, show_progress=False)
     trainer.setup()
     saved = load_file(source / "head.safetensors")
     state = trainer.head.state_dict()
     assert saved.keys() == state.keys() and all(torch.equal(saved[k], state[k].cpu()) for k in saved)
+    # The source's draft vocabulary is kept (its lm_head rows were trained for it), and the facts logged are its
+    # coverage of the new data, not that of the vocabulary the new data would have chosen.
+    from specgraft.heads.draft_vocab import build_draft_vocab, vocab_coverage
+    from specgraft.train.step import loss_token_counts
+
+    counts, heldout = loss_token_counts(trainer.dataset, trainer.target.vocab_size,
+                                        recipe.head.draft_vocab_heldout_every)
+    assert not torch.equal(build_draft_vocab(counts, 64)[1], saved["t2d"].bool())
+    assert trainer.data_facts["draft_vocab_train_coverage"] == vocab_coverage(saved["t2d"], counts) < \
+        build_draft_vocab(counts, 64)[2]
     # The same loss as the source head on a batch (EAGLE-3's draft vocabulary included).
     target = trainer.target
     reference = load_head(target, source)

@@ -45,7 +45,7 @@ from specgraft.heads.dflash.losses import (
     own_block_mask,
     select_anchors,
 )
-from specgraft.heads.draft_vocab import build_draft_vocab, draft_to_target_ids, vocab_coverage
+from specgraft.heads.draft_vocab import build_draft_vocab, check_counts, coverage_facts, draft_to_target_ids
 from specgraft.heads.head import UNRANKED, DraftHead, HeadLoss, draft_columns, token_ranks
 from specgraft.heads.layers import RotaryPositions, build_decoder_layer, cpu_flash_with_lse, draft_layer_config
 from specgraft.heads.losses import divide_by_count, linear_cross_entropy
@@ -314,29 +314,25 @@ class DFlashHead(DraftHead):
             rows = weight.index_select(0, self.draft_token_ids().to(weight.device))
             self.lm_head.weight.copy_(rows.to(self.lm_head.weight))
 
-    def prepare_from_data(self, token_counts: torch.Tensor | None,
-                          heldout_counts: torch.Tensor | None = None) -> dict[str, Any]:
+    def prepare_from_data(self, token_counts: torch.Tensor | None, heldout_counts: torch.Tensor | None = None,
+                          *, keep_vocabulary: bool = False) -> dict[str, Any]:
         """With a reduced draft vocabulary: choose it from the loss-token counts [V] (sets d2t/t2d, re-initialises
-        the lm_head rows) and report its coverage (held-out when given). Nothing to do for the full vocabulary."""
+        the lm_head rows) and report its coverage (held-out when given); ``keep_vocabulary`` (a warm-started head):
+        keep it and report its coverage only. Nothing to do for the full vocabulary."""
         if not self.config.reduced_vocab:
             return {}
         vd, v = self.config.draft_vocab_size, self.target.vocab_size
         if token_counts is None:
-            logger.warning("no token counts given: the DFlash draft vocabulary stays the first %d target ids", vd)
+            if not keep_vocabulary:
+                logger.warning("no token counts given: the DFlash draft vocabulary stays the first %d target ids", vd)
             return {}
-        for name, given in (("token counts", token_counts), ("held-out token counts", heldout_counts)):
-            counts = None if given is None else torch.as_tensor(given)
-            if counts is not None and (counts.dim() != 1 or counts.numel() != v):
-                raise SpecgraftError(f"{name} have shape {tuple(counts.shape)} but the target vocabulary has {v} "
-                                     "entries; count tokens with the target's tokenizer")
-        d2t, t2d, train_coverage = build_draft_vocab(torch.as_tensor(token_counts), vd)
-        self.d2t.copy_(d2t.to(self.d2t.device))
-        self.t2d.copy_(t2d.to(self.t2d.device))
-        self._init_from_target()
-        facts: dict[str, Any] = {"draft_vocab_size": vd, "draft_vocab_train_coverage": train_coverage}
-        if heldout_counts is not None and int(torch.as_tensor(heldout_counts).sum()) > 0:
-            facts["draft_vocab_coverage"] = vocab_coverage(t2d, heldout_counts)
-        return facts
+        check_counts(v, token_counts, heldout_counts)
+        if not keep_vocabulary:
+            d2t, t2d, _ = build_draft_vocab(torch.as_tensor(token_counts), vd)
+            self.d2t.copy_(d2t.to(self.d2t.device))
+            self.t2d.copy_(t2d.to(self.t2d.device))
+            self._init_from_target()
+        return coverage_facts(self.t2d, token_counts, heldout_counts)
 
     def required_layers(self) -> tuple[int, ...]:
         return tuple(dict.fromkeys(int(i) for i in self.config.aux_layer_ids))

@@ -34,9 +34,10 @@ from torch import nn
 from specgraft.errors import SpecgraftError
 from specgraft.heads.draft_vocab import (
     build_draft_vocab,
+    check_counts,
     check_draft_vocab_size,
+    coverage_facts,
     draft_to_target_ids,
-    vocab_coverage,
 )
 from specgraft.heads.eagle.model import EagleHeadBase
 from specgraft.heads.eagle3.config import Eagle3Config
@@ -114,38 +115,36 @@ class Eagle3Head(EagleHeadBase):
             rows = weight.index_select(0, self.draft_token_ids().to(weight.device))
             self.lm_head.weight.copy_(rows.to(self.lm_head.weight))
 
-    def prepare_from_data(self, token_counts: torch.Tensor | None,
-                          heldout_counts: torch.Tensor | None = None) -> dict[str, Any]:
+    def prepare_from_data(self, token_counts: torch.Tensor | None, heldout_counts: torch.Tensor | None = None,
+                          *, keep_vocabulary: bool = False) -> dict[str, Any]:
         """Choose the draft vocabulary from the counts [V] of the training data's loss tokens (sets ``d2t``/``t2d``
         and re-initialises the lm_head rows from the target's). Call it before training (it resets the lm_head).
+        ``keep_vocabulary`` (a warm-started head): keep the vocabulary and report its coverage only.
 
         Returns ``draft_vocab_train_coverage``, the fraction of the counted tokens inside the draft vocabulary, and,
         given ``heldout_counts`` [V] of rows left out of ``token_counts``, ``draft_vocab_coverage`` measured on
         those (what a draft meets on text it was not counted from) with ``draft_vocab_heldout_tokens``."""
         vd, v = self.config.draft_vocab_size, self.target.vocab_size
         if token_counts is None:
-            logger.warning("no token counts given: the EAGLE-3 draft vocabulary stays the first %d target ids", vd)
+            if not keep_vocabulary:
+                logger.warning("no token counts given: the EAGLE-3 draft vocabulary stays the first %d target ids", vd)
             return {}
-        for name, given in (("token counts", token_counts), ("held-out token counts", heldout_counts)):
-            counts = None if given is None else torch.as_tensor(given)
-            if counts is not None and (counts.dim() != 1 or counts.numel() != v):
-                raise SpecgraftError(f"{name} have shape {tuple(counts.shape)} but the target vocabulary has {v} "
-                                     "entries; count tokens with the target's tokenizer (token_frequencies(ds, vocab))")
-        d2t, t2d, train_coverage = build_draft_vocab(torch.as_tensor(token_counts), vd)
-        self.d2t.copy_(d2t.to(self.d2t.device))
-        self.t2d.copy_(t2d.to(self.t2d.device))
-        self._init_from_target()
-        facts: dict[str, Any] = {"draft_vocab_size": vd, "draft_vocab_train_coverage": train_coverage}
-        heldout_tokens = 0 if heldout_counts is None else int(torch.as_tensor(heldout_counts).sum())
-        if heldout_tokens > 0:
-            facts["draft_vocab_coverage"] = vocab_coverage(t2d, heldout_counts)
-            facts["draft_vocab_heldout_tokens"] = heldout_tokens
+        check_counts(v, token_counts, heldout_counts)
+        if not keep_vocabulary:
+            d2t, t2d, _ = build_draft_vocab(torch.as_tensor(token_counts), vd)
+            self.d2t.copy_(d2t.to(self.d2t.device))
+            self.t2d.copy_(t2d.to(self.t2d.device))
+            self._init_from_target()
+        facts: dict[str, Any] = coverage_facts(self.t2d, token_counts, heldout_counts)
+        counted = "it was counted from" if not keep_vocabulary else "(the warm-started head's vocabulary, kept)"
+        if "draft_vocab_coverage" in facts:
             logger.info("EAGLE-3 draft vocabulary: %d of %d tokens, covering %.2f%% of %d held-out loss tokens "
-                        "(%.2f%% of the training loss tokens it was counted from)", vd, v,
-                        100.0 * facts["draft_vocab_coverage"], heldout_tokens, 100.0 * train_coverage)
+                        "(%.2f%% of the training loss tokens %s)", vd, v, 100.0 * facts["draft_vocab_coverage"],
+                        facts["draft_vocab_heldout_tokens"], 100.0 * facts["draft_vocab_train_coverage"], counted)
         else:
-            logger.info("EAGLE-3 draft vocabulary: %d of %d tokens, covering %.2f%% of the training loss tokens it was "
-                        "counted from (no held-out rows: expect less on other text)", vd, v, 100.0 * train_coverage)
+            logger.info("EAGLE-3 draft vocabulary: %d of %d tokens, covering %.2f%% of the training loss tokens %s "
+                        "(no held-out rows: expect less on other text)", vd, v,
+                        100.0 * facts["draft_vocab_train_coverage"], counted)
         return facts
 
     def compiled_modules(self) -> list[nn.Module]:
