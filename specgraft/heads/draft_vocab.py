@@ -89,6 +89,15 @@ def check_counts(vocab_size: int, token_counts: torch.Tensor | None,
                                  "(token_frequencies(ds, vocab))")
 
 
+def assign_draft_vocab(d2t: torch.Tensor, t2d: torch.Tensor, token_counts: torch.Tensor) -> None:
+    """Choose the draft vocabulary (:func:`build_draft_vocab`, of ``d2t``'s size) from ``token_counts`` [V] and
+    write it into a head's ``d2t`` [Vd] / ``t2d`` [V] buffers in place (the head then re-initialises its output rows
+    for it)."""
+    new_d2t, new_t2d, _ = build_draft_vocab(torch.as_tensor(token_counts), d2t.numel())
+    d2t.copy_(new_d2t.to(d2t.device))
+    t2d.copy_(new_t2d.to(t2d.device))
+
+
 def coverage_facts(t2d: torch.Tensor, token_counts: torch.Tensor,
                    heldout_counts: torch.Tensor | None = None) -> dict[str, float | int]:
     """The coverage facts a reduced draft vocabulary (t2d bool [V]) logs for the training counts [V] and, when any

@@ -45,7 +45,7 @@ from specgraft.heads.dflash.losses import (
     own_block_mask,
     select_anchors,
 )
-from specgraft.heads.draft_vocab import build_draft_vocab, check_counts, coverage_facts, draft_to_target_ids
+from specgraft.heads.draft_vocab import assign_draft_vocab, check_counts, coverage_facts, draft_to_target_ids
 from specgraft.heads.head import UNRANKED, DraftHead, HeadLoss, draft_columns, token_ranks
 from specgraft.heads.layers import RotaryPositions, build_decoder_layer, cpu_flash_with_lse, draft_layer_config
 from specgraft.heads.losses import divide_by_count, linear_cross_entropy
@@ -328,9 +328,7 @@ class DFlashHead(DraftHead):
             return {}
         check_counts(v, token_counts, heldout_counts)
         if not keep_vocabulary:
-            d2t, t2d, _ = build_draft_vocab(torch.as_tensor(token_counts), vd)
-            self.d2t.copy_(d2t.to(self.d2t.device))
-            self.t2d.copy_(t2d.to(self.t2d.device))
+            assign_draft_vocab(self.d2t, self.t2d, token_counts)
             self._init_from_target()
         return coverage_facts(self.t2d, token_counts, heldout_counts)
 

@@ -33,7 +33,7 @@ from torch import nn
 
 from specgraft.errors import SpecgraftError
 from specgraft.heads.draft_vocab import (
-    build_draft_vocab,
+    assign_draft_vocab,
     check_counts,
     check_draft_vocab_size,
     coverage_facts,
@@ -131,9 +131,7 @@ class Eagle3Head(EagleHeadBase):
             return {}
         check_counts(v, token_counts, heldout_counts)
         if not keep_vocabulary:
-            d2t, t2d, _ = build_draft_vocab(torch.as_tensor(token_counts), vd)
-            self.d2t.copy_(d2t.to(self.d2t.device))
-            self.t2d.copy_(t2d.to(self.t2d.device))
+            assign_draft_vocab(self.d2t, self.t2d, token_counts)
             self._init_from_target()
         facts: dict[str, Any] = coverage_facts(self.t2d, token_counts, heldout_counts)
         counted = "it was counted from" if not keep_vocabulary else "(the warm-started head's vocabulary, kept)"
