@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchlib.results import add_result_arguments, write_result
+from benchlib.results import add_result_arguments, save_png, write_result
 from benchlib.stages import StageLog, run_stage, specgraft
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,11 +139,7 @@ def plot(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
     ax.set_ylabel("tau (tokens per target forward)")
     ax.set_title(title, fontsize=9)
     ax.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, format="png", dpi=100)
-    tmp.replace(path)
-    return path
+    return save_png(fig, path, dpi=100)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

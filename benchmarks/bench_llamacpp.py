@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchlib.results import add_result_arguments, write_result
+from benchlib.results import add_result_arguments, save_png, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 MT_BENCH = ROOT.parent / "shared" / "data" / "mt_bench" / "question.jsonl"
@@ -396,11 +396,7 @@ def plot(configs: Sequence[Config], results: Mapping[str, Mapping[str, Any]], pa
             top.legend(fontsize=8)
             bottom.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, format="png", dpi=100)
-    tmp.replace(path)
-    return path
+    return save_png(fig, path, dpi=100)
 
 
 def main() -> int:

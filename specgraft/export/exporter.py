@@ -574,10 +574,12 @@ def _write_native(head_dir: Path, head_files: list[str], tmp: Path, dtype: torch
     for name in head_files:
         (tmp / name).parent.mkdir(parents=True, exist_ok=True)
         if name == HEAD_WEIGHTS_NAME and dtype is not None:
+            state = {}
             with safe_open(str(head_dir / name), framework="pt") as fh:  # one read: tensors and metadata
                 metadata = dict(fh.metadata() or {})
-                state = {key: (t.to(dtype) if t.is_floating_point() else t)
-                         for key in fh.keys() for t in (fh.get_tensor(key),)}
+                for key in fh.keys():
+                    tensor = fh.get_tensor(key)
+                    state[key] = tensor.to(dtype) if tensor.is_floating_point() else tensor
             save_file(state, str(tmp / name), metadata={**metadata, "dtype": str(dtype).removeprefix("torch.")})
             _verify_written(tmp / name, state)
         elif name == HEAD_CONFIG_NAME and base_model is not None:

@@ -123,11 +123,11 @@ def _input_problems(recipe: Recipe | DistillRecipe) -> list[str]:
     from specgraft.heads.base import read_head_config
 
     problems = []
-    for key in ("data.path", "data.replay_path"):
-        path = getattr(recipe.data, key.split(".")[1])
+    for key, path in (("data.path", recipe.data.path), ("data.replay_path", recipe.data.replay_path)):
+        if not path:
+            continue
         try:
-            if path:
-                source_files(path, key=key)
+            source_files(path, key=key)
         except SpecgraftError as exc:
             problems.append(str(exc))
     init_from = getattr(getattr(recipe, "head", None), "init_from", None)
