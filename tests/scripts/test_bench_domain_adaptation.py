@@ -32,6 +32,16 @@ def test_write_code_prompts_reads_humaneval_and_writes_conversations(tmp_path):
     assert message["role"] == "user" and tasks[1]["prompt"] in message["content"]
     assert sorted(p.name for p in out.parent.iterdir()) == ["prompts.jsonl"]
 
+    heldout = tmp_path / "code" / "heldout.jsonl"
+    assert bench.main(["--write-heldout-code", str(heldout), "--code-prompts", "3", "--heldout-code", "9",
+                       "--humaneval", str(source)]) == 0
+    from specgraft.evaluation.prompts import load_prompts
+
+    prompts = load_prompts([heldout])  # the eval's own reader: FastChat questions of domain humaneval
+    assert [(p.id, p.domain) for p in prompts] == [("HumanEval/3", "humaneval"), ("HumanEval/4", "humaneval")]
+    assert prompts[0].turns == [bench.CODE_REQUEST.format(prompt=tasks[3]["prompt"])]  # asked as the training rows
+    assert bench.main(["--write-heldout-code", str(heldout), "--code-prompts", "5", "--humaneval", str(source)]) == 2
+
 
 def test_adapt_command_warm_starts_with_replay_and_the_budget(tmp_path):
     args = bench.parse_args(["--base-head", "h", "--target", "t", "--adapt-data", "code.jsonl", "--replay-data",
@@ -66,6 +76,28 @@ def test_domain_table_change_and_noise():
     assert rows["overall"]["turn_tau_stderr"] is not None
     assert bench.standard_error([2.0]) is None
 
+    # Paired per-turn changes: writing's -0.05 is tiny next to its prompts' spread but every turn lost about as much,
+    # so it is beyond noise; coding's +0.6 came from one turn of two and is not.
+    paired = {r["domain"]: r for r in bench.domain_table(before, after, spread,
+                                                         {"coding": [1.2, 0.0], "writing": [-0.04, -0.05, -0.06]})}
+    assert paired["writing"]["change_stderr"] == 0.006  # sd 0.01 over 3 turns, rounded
+    assert paired["writing"]["beyond_noise"] is True and paired["coding"]["beyond_noise"] is False
+
+
+def test_paired_changes_match_turns_by_prompt_and_turn(tmp_path):
+    def answers(folder, rows):
+        folder.mkdir()
+        (folder / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return folder
+
+    before = answers(tmp_path / "b", [{"domain": "coding", "prompt_id": "1", "turn": 0, "tau": 1.5},
+                                      {"domain": "coding", "prompt_id": "1", "turn": 1, "tau": 1.2},
+                                      {"domain": "math", "prompt_id": "2", "turn": 0, "tau": 1.1}])
+    after = answers(tmp_path / "a", [{"domain": "coding", "prompt_id": "1", "turn": 1, "tau": 1.4},
+                                     {"domain": "coding", "prompt_id": "1", "turn": 0, "tau": 1.5},
+                                     {"domain": "math", "prompt_id": "3", "turn": 0, "tau": 2.0}])
+    assert bench.paired_changes(before, after) == {"coding": [pytest.approx(0.0), pytest.approx(0.2)]}
+
 
 def test_refusals_are_one_line(tmp_path, capsys):
     assert bench.main(["--base-head", str(tmp_path / "nope"), "--target", str(tmp_path), "--adapt-data",
@@ -78,7 +110,9 @@ def test_refusals_are_one_line(tmp_path, capsys):
 
 
 def test_plot_writes_a_png(tmp_path):
-    rows = [{"domain": "coding", "tau_before": 2.0, "tau_after": 2.5, "turn_tau_stderr": 0.1},
-            {"domain": "overall", "tau_before": 2.0, "tau_after": 2.1, "turn_tau_stderr": None}]
+    rows = [{"domain": "coding", "tau_before": 2.0, "tau_after": 2.5, "change": 0.5, "turn_tau_stderr": 0.1,
+             "change_stderr": 0.05, "beyond_noise": True},
+            {"domain": "overall", "tau_before": 2.0, "tau_after": 2.1, "change": 0.1, "turn_tau_stderr": None,
+             "change_stderr": None, "beyond_noise": None}]
     path = bench.plot(rows, tmp_path / "domain_adaptation.png", "t")
     assert path.read_bytes()[:4] == b"\x89PNG" and [p.name for p in tmp_path.iterdir()] == [path.name]
