@@ -14,7 +14,8 @@
 3. specgraft: ``specgraft train --recipe`` at the same steps and batch (the recipe's ``training.features``), then
    each ``--lever`` (``NAME:key=value,key=value``: recipe overrides) at the same budget.
 4. Every head is decoded by specgraft's lossless decoder on the held-out prompts at the EAGLE family's default tree
-   and default chain: tau, speedup, lossless check.
+   and default chain: tau, speedup, lossless check. A head decoded by an earlier run in the same ``--work`` with the
+   same head files, prompts and settings keeps that decode (``reused_decode``; ``--redecode`` decodes again).
 
 CPU seconds are each training process's user + system time; SpecForge's feature files are a separate process
 (``features_cpu_s``), specgraft's offline feature cache is built inside its training process. Building the rows is
@@ -60,6 +61,9 @@ def add_side_by_side_arguments(parser: argparse.ArgumentParser, *, recipe: str, 
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the 2 cores are shared)")
+    parser.add_argument("--redecode", action="store_true",
+                        help="decode every head again (default: a head decoded before in this --work with the same "
+                             "files, prompts and settings keeps that decode's tau; its row says reused)")
     add_result_arguments(parser, result_name)
 
 
@@ -382,13 +386,15 @@ def side_by_side(args: argparse.Namespace, label: str, model_dir: Path, split: M
         print(f"  train {run['head']:<10} {run['cpu_s']:>7.0f} CPU s  {run['wall_s']:>6.0f} s", flush=True)
 
     # evaluate_heads decodes the runs marked online; every head here is decoded the same way.
-    decoded = evaluate_heads(model_dir, [{**r, "features": "online"} for r in runs], split, work, args, MODES)
+    decoded = evaluate_heads(model_dir, [{**r, "features": "online"} for r in runs], split, work, args, MODES,
+                             reuse=not args.redecode)
     tau = {(r["head"], r["mode"]): r["overall"]["tau"] for r in decoded}
     base_cpu = next(r["cpu_s"] for r in runs if r["head"] == BASELINE)
     figures = []
     for run in runs:
         for mode in MODES:
-            overall = next(r["overall"] for r in decoded if r["head"] == run["head"] and r["mode"] == mode)
+            row = next(r for r in decoded if r["head"] == run["head"] and r["mode"] == mode)
+            overall = row["overall"]
             gain = tau[run["head"], mode] - tau[BASELINE, mode]
             figures.append({
                 "head": run["head"], "mode": mode, "tau": overall["tau"],
@@ -401,6 +407,9 @@ def side_by_side(args: argparse.Namespace, label: str, model_dir: Path, split: M
                 # a lever's tau gain over specgraft's recipe per CPU second of its run (None for the two baselines)
                 "gain_per_cpu_s": gain / run["cpu_s"] if run["head"] not in (BASELINE, PEER) else None,
                 "extra_cpu_s": run["cpu_s"] - base_cpu if run["head"] != PEER else None,
+                # decoded by an earlier run of this benchmark (same head files, prompts, settings): same tau,
+                # its speedup timed then
+                "reused_decode": row["reused"],
             })
     total = time.perf_counter() - started
     budget = (f"{args.steps} steps x {args.micro_batch} rows x <= {recipe.data.max_length} tokens, the same "

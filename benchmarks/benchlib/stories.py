@@ -107,12 +107,42 @@ def prepare_stories260k(work: Path, per_domain: int) -> tuple[Path, dict[str, An
     return stories260k_target(work / "stories260K"), split_tinystories(TINYSTORIES, work, per_domain)
 
 
+def file_digest(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def decode_key(head_dir: Path, prompts_file: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """What one decode of a head depends on: the head's files (by content), the prompts, the mode and the settings."""
+    return {"head": {p.name: file_digest(p) for p in sorted(Path(head_dir).iterdir()) if p.is_file()},
+            "prompts": file_digest(Path(prompts_file)), "mode": mode,
+            **{name: getattr(args, name) for name in ("max_new_tokens", "repeats", "warmup", "threads")}}
+
+
+def kept_decode(out_dir: Path, key: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The report an earlier decode with exactly ``key`` left in ``out_dir`` (``decode_key.json`` beside it), else
+    None."""
+    key_file, report = out_dir / "decode_key.json", out_dir / "report.json"
+    if not key_file.is_file() or not report.is_file():
+        return None
+    kept = json.loads(key_file.read_text(encoding="utf-8"))
+    return json.loads(report.read_text(encoding="utf-8")) if kept.get("key") == key else None
+
+
 def evaluate_heads(model_dir: Path, runs: list[dict[str, Any]], split: Mapping[str, Any], work: Path,
-                   args: argparse.Namespace, modes: tuple[str, ...] = ("tree", "chain")) -> list[dict[str, Any]]:
+                   args: argparse.Namespace, modes: tuple[str, ...] = ("tree", "chain"),
+                   reuse: bool = False) -> list[dict[str, Any]]:
     """The evaluation (:func:`specgraft.pipeline.evaluate.evaluate`) of every online head of ``runs``
     (:func:`benchlib.stages.train_one` records) on the held-out
     prompts in each drafting mode (greedy, ``args.max_new_tokens``, ``args.repeats``, ``args.warmup``,
-    ``args.threads``); the report.json facts per (head, mode)."""
+    ``args.threads``); the report.json facts per (head, mode). ``reuse``: a head whose decode in this mode is on
+    record with the same head files, prompts and settings is not decoded again (its row says ``reused``: its tau
+    is what a new decode gives, its times are from that earlier run)."""
     import torch
 
     from specgraft.evaluation.prompts import load_prompts
@@ -130,17 +160,23 @@ def evaluate_heads(model_dir: Path, runs: list[dict[str, Any]], split: Mapping[s
             continue
         for mode in modes:
             # any family, through the registry, at its defaults for the mode (as `specgraft eval --mode` drafts)
-            choice = DrafterChoice(head=Path(run["head_dir"]), mode=mode, use_tuned=False)
-            loaded = load_drafter(target, choice, dtype="float32", device="cpu", linear_kernel="stock",
-                                  attention_kernel="stock")
+            out_dir = work / "eval" / f"{run['head']}-{mode}"
+            key = decode_key(Path(run["head_dir"]), Path(split["prompts_file"]), mode, args)
+            report = kept_decode(out_dir, key) if reuse else None
+            reused = report is not None
             start = time.perf_counter()
-            report = evaluate(loaded, prompts, work / "eval" / f"{run['head']}-{mode}", settings=settings,
-                              progress=False)
+            if report is None:
+                choice = DrafterChoice(head=Path(run["head_dir"]), mode=mode, use_tuned=False)
+                loaded = load_drafter(target, choice, dtype="float32", device="cpu", linear_kernel="stock",
+                                      attention_kernel="stock")
+                report = evaluate(loaded, prompts, out_dir, settings=settings, progress=False)
+                (out_dir / "decode_key.json").write_text(json.dumps({"key": key}), encoding="utf-8")
             overall = report["overall"]
-            rows.append({"head": run["head"], "mode": mode, "drafter": report["drafter"],
-                         "eval_wall_s": time.perf_counter() - start, "overall": overall,
+            rows.append({"head": run["head"], "mode": mode, "drafter": report["drafter"], "reused": reused,
+                         "eval_wall_s": None if reused else time.perf_counter() - start, "overall": overall,
                          "domains": {d: {k: v.get(k) for k in ("tau", "speedup_ratio_of_totals", "lossless_passed")}
                                      for d, v in report["domains"].items()}})
             print(f"  eval {run['head']:<6} {mode:<5} tau {overall['tau']:.2f}  speedup "
-                  f"{overall['speedup_ratio_of_totals']:.2f}x  {overall['lossless_check']}", flush=True)
+                  f"{overall['speedup_ratio_of_totals']:.2f}x  {overall['lossless_check']}"
+                  f"{'  (reused)' if reused else ''}", flush=True)
     return rows

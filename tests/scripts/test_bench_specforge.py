@@ -1,5 +1,6 @@
-"""The SpecForge side-by-side benchmarks' argument handling and refusals (benchmarks/bench_specforge_*.py and
-benchlib.specforge); the runs themselves need the SpecForge venv and are not part of the suite."""
+"""The SpecForge side-by-side benchmarks' argument handling, refusals and decode reuse
+(benchmarks/bench_specforge_*.py and benchlib.specforge); the runs themselves need the SpecForge venv and are not
+part of the suite."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from benchlib import specforge
@@ -110,3 +112,29 @@ def test_the_specforge_draft_config_follows_the_target(tmp_path):
     draft = specforge.specforge_draft_config(tmp_path, {"draft_vocab_size": 16384})
     assert draft["rope_theta"] == 100000.0  # transformers 5 keeps it under rope_parameters
     assert (draft["num_hidden_layers"], draft["draft_vocab_size"], draft["num_key_value_heads"]) == (1, 16384, 3)
+
+
+def test_a_decode_is_reused_only_for_the_same_head_files_prompts_and_settings(tmp_path):
+    from benchlib import stories
+
+    head, prompts, out = tmp_path / "head", tmp_path / "prompts.jsonl", tmp_path / "eval" / "h-tree"
+    head.mkdir()
+    (head / "head.safetensors").write_bytes(b"weights")
+    (head / "head_config.json").write_text("{}")
+    prompts.write_text('{"prompt": "p"}\n')
+    args = SimpleNamespace(max_new_tokens=64, repeats=1, warmup=0, threads=2)
+    key = stories.decode_key(head, prompts, "tree", args)
+    assert stories.kept_decode(out, key) is None  # nothing on record
+    out.mkdir(parents=True)
+    (out / "report.json").write_text(json.dumps({"overall": {"tau": 1.5}}))
+    assert stories.kept_decode(out, key) is None  # a report without its key (an older run) is not trusted
+    (out / "decode_key.json").write_text(json.dumps({"key": key}))
+    assert stories.kept_decode(out, key) == {"overall": {"tau": 1.5}}
+    assert stories.kept_decode(out, stories.decode_key(head, prompts, "chain", args)) is None
+    assert stories.kept_decode(out, stories.decode_key(head, prompts, "tree",
+                                                       SimpleNamespace(**{**vars(args), "max_new_tokens": 32}))) is None
+    (head / "head.safetensors").write_bytes(b"retrained")  # same path, other weights
+    assert stories.kept_decode(out, stories.decode_key(head, prompts, "tree", args)) is None
+    (head / "head.safetensors").write_bytes(b"weights")
+    prompts.write_text('{"prompt": "q"}\n')
+    assert stories.kept_decode(out, stories.decode_key(head, prompts, "tree", args)) is None
