@@ -22,14 +22,14 @@ noise past twice that). ``turn_tau_stderr`` is how much tau varies between a dom
 The adaptation data for the SmolLM2 demonstration: the target's own answers to HumanEval prompts (coding, and not
 MT-bench), made with ``--write-code-prompts`` and ``specgraft regenerate``:
 
-    python benchmarks/bench_domain_adaptation.py --write-code-prompts data/code-prompts.jsonl --code-prompts 120 \
+    python benchmarks/bench_domain_adaptation.py --write-code-prompts data/code-prompts.jsonl --code-prompts 120 \\
         --write-heldout-code data/code-heldout.jsonl --heldout-code 24
     specgraft regenerate --model runs/smollm2-135m-instruct --data data/code-prompts.jsonl --max-new-tokens 160 \\
         --batch-size 32 --threads 2 --dtype bfloat16 --out data/code-smollm2.jsonl
     python benchmarks/bench_domain_adaptation.py --base-head runs/eagle3-smollm2-135m-instruct/head \\
         --target runs/smollm2-135m-instruct --adapt-data data/code-smollm2.jsonl \\
-        --replay-data data/sharegpt-smollm2.jsonl --heldout-prompts data/code-heldout.jsonl --steps 30 \
-        --learning-rate 3e-4 --work runs/adapt-code --threads 2
+        --replay-data data/sharegpt-smollm2.jsonl --heldout-prompts data/code-heldout.jsonl --steps 30 \\
+        --learning-rate 1e-4 --replay-share 0.5 --warmup-steps 5 --work runs/adapt-code --threads 2
 """
 
 from __future__ import annotations
@@ -216,11 +216,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target", type=Path, help="Its target (transformers folder).")
     parser.add_argument("--adapt-data", type=Path, help="The new domain's training rows.")
     parser.add_argument("--replay-data", type=Path, help="The head's original training rows (replayed).")
-    parser.add_argument("--replay-share", type=float, default=0.3)
+    parser.add_argument("--replay-share", type=float, default=0.5)
     parser.add_argument("--recipe", type=Path, default=RECIPE, help="The recipe the base head was trained with.")
     parser.add_argument("--steps", type=int, default=30, help="Adaptation steps (a tenth of the recipe's 300).")
-    parser.add_argument("--learning-rate", type=float, default=3e-4)
-    parser.add_argument("--warmup-steps", type=int, default=3)
+    parser.add_argument("--learning-rate", type=float, default=1e-4,
+                        help="A tenth of the recipe's (higher: more of the new domain, more forgetting).")
+    parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="More recipe overrides for the adaptation run (repeatable).")
     parser.add_argument("--questions", type=Path, default=MT_BENCH)

@@ -49,7 +49,7 @@ def test_adapt_command_warm_starts_with_replay_and_the_budget(tmp_path):
                              "--override", "data.max_length=256"])
     cmd = bench.adapt_command(args, tmp_path / "adapted")
     assert cmd[1:4] == ["-m", "specgraft", "train"]
-    for item in ("head.init_from=h", "data.path=code.jsonl", "data.replay_path=sg.jsonl", "data.replay_share=0.3",
+    for item in ("head.init_from=h", "data.path=code.jsonl", "data.replay_path=sg.jsonl", "data.replay_share=0.5",
                  "training.max_steps=30", "training.learning_rate=0.0003", f"output.dir={tmp_path / 'adapted'}",
                  "data.max_length=256"):
         assert item in cmd
