@@ -35,7 +35,6 @@ MT-bench), made with ``--write-code-prompts`` and ``specgraft regenerate``:
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import sys
@@ -55,9 +54,9 @@ CODE_REQUEST = "Complete this Python function:\n\n```python\n{prompt}```"
 
 
 def humaneval_tasks(humaneval: Path) -> list[dict[str, Any]]:
-    opener = gzip.open if humaneval.suffix == ".gz" else open
-    with opener(humaneval, "rt", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    from specgraft.evaluation.prompts import read_jsonl
+
+    return [record for _, record in read_jsonl(humaneval)]
 
 
 def code_conversations(humaneval: Path, limit: int) -> list[dict[str, Any]]:
@@ -77,10 +76,10 @@ def heldout_code_questions(humaneval: Path, start: int, count: int) -> list[dict
 
 
 def write_jsonl(rows: Sequence[Mapping[str, Any]], out: Path) -> None:
+    from specgraft.utils.io import atomic_write_text
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(out)
+    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def eval_command(head: Path, target: Path, out: Path, args: argparse.Namespace,

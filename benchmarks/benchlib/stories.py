@@ -107,20 +107,12 @@ def prepare_stories260k(work: Path, per_domain: int) -> tuple[Path, dict[str, An
     return stories260k_target(work / "stories260K"), split_tinystories(TINYSTORIES, work, per_domain)
 
 
-def file_digest(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def decode_key(head_dir: Path, prompts_file: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """What one decode of a head depends on: the head's files (by content), the prompts, the mode and the settings."""
-    return {"head": {p.name: file_digest(p) for p in sorted(Path(head_dir).iterdir()) if p.is_file()},
-            "prompts": file_digest(Path(prompts_file)), "mode": mode,
+    from specgraft.utils.io import sha256_file
+
+    return {"head": {p.name: sha256_file(p) for p in sorted(Path(head_dir).iterdir()) if p.is_file()},
+            "prompts": sha256_file(prompts_file), "mode": mode,
             **{name: getattr(args, name) for name in ("max_new_tokens", "repeats", "warmup", "threads")}}
 
 
