@@ -6,16 +6,17 @@ convert-gguf``) and the recipe's training data (``--data``: a file or folder of 
 answers to ShareGPT first turns, ``specgraft regenerate``; see the recipe's header). The held-out prompts are the
 first turns of the first ``--per-domain`` MT-bench questions of each category (``--questions``), never trained on.
 The rest is :mod:`benchlib.specforge`'s protocol: the rows built once by specgraft's data pipeline at the recipe's
-data section and given to both trainers, SpecForge 0.2's offline EAGLE-3 and ``specgraft train`` (the recipe's
-offline features; plus each ``--lever``) at the same steps and batch, SpecForge's checkpoint imported through the
-sglang export's reader, every head decoded by specgraft's lossless decoder at the EAGLE family's default tree and
-chain.
+data section and given to both trainers, SpecForge 0.2's offline EAGLE-3 (plus each ``--peer-lever``) and
+``specgraft train`` (the recipe's offline features; plus each ``--lever``) at the same steps and batch, SpecForge's
+checkpoints imported through the sglang export's reader, every head decoded by specgraft's lossless decoder at the
+EAGLE family's default tree and chain.
 
-Prints the tau table with each head's ratio to SpecForge's, writes ``--out`` (every number), the benchlib result
-(``benchmarks/results/<--result-name>.json``) and a PNG beside it::
+Prints the tau table with each head's ratio to SpecForge's and to the best SpecForge run, writes ``--out`` (every
+number), the benchlib result (``benchmarks/results/<--result-name>.json``) and a PNG beside it::
 
     python benchmarks/bench_specforge_smollm2.py --peers /scratch/peers --target-model runs/smollm2-135m-instruct \\
-        --data data/sharegpt-smollm2.jsonl --out /tmp/sfsmol.json --threads 2
+        --data data/sharegpt-smollm2.jsonl --out /tmp/sfsmol.json --threads 2 \\
+        --lever lr3e3_decay05:training.learning_rate=3e-3,head.loss_decay=0.5 --peer-lever lr3e3:learning_rate=3e-3
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib.specforge import add_side_by_side_arguments, check_budget, parse_levers, side_by_side
+from benchlib.specforge import add_side_by_side_arguments, check_budget, parse_levers, parse_peer_levers, side_by_side
 from benchlib.stages import ROOT, scratch_folder
 from benchlib.stories import SHARED
 
@@ -81,6 +82,7 @@ def main() -> int:
     check_budget(args)
     check_inputs(args)
     parse_levers(args.lever)
+    parse_peer_levers(args.peer_lever)
 
     from specgraft.config import load_recipe
 

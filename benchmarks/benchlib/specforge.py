@@ -12,7 +12,9 @@
    export's reader (the frozen embedding copy it saves is checked against the target's and dropped), and the
    imported head's draft forward is compared with SpecForge's own on the same inputs.
 3. specgraft: ``specgraft train --recipe`` at the same steps and batch (the recipe's ``training.features``), then
-   each ``--lever`` (``NAME:key=value,key=value``: recipe overrides) at the same budget.
+   each ``--lever`` (``NAME:key=value,key=value``: recipe overrides) at the same budget. Each ``--peer-lever``
+   (``NAME:key=value``: keys of SpecForge's ``training`` section) trains SpecForge again on the same feature files,
+   so a schedule a lever changes is tried on the peer too; ``ratio_to_best_peer`` divides by the best peer run.
 4. Every head is decoded by specgraft's lossless decoder on the held-out prompts at the EAGLE family's default tree
    and default chain: tau, speedup, lossless check. A head decoded by an earlier run in the same ``--work`` with the
    same head files, prompts and settings keeps that decode (``reused_decode``; ``--redecode`` decodes again).
@@ -41,6 +43,8 @@ from benchlib.stories import evaluate_heads
 MODES = ("tree", "chain")
 BASELINE = "specgraft"
 PEER = "specforge"
+#: SpecForge ``training`` keys a ``--peer-lever`` may set (the rest is the shared budget and architecture)
+PEER_LEVER_KEYS = ("learning_rate", "warmup_ratio", "lr_scheduler", "max_grad_norm", "ttt_length")
 
 
 def add_side_by_side_arguments(parser: argparse.ArgumentParser, *, recipe: str, steps: int, micro_batch: int,
@@ -55,6 +59,9 @@ def add_side_by_side_arguments(parser: argparse.ArgumentParser, *, recipe: str, 
                         help="rows (of at most the recipe's data.max_length tokens) per step")
     parser.add_argument("--lever", action="append", default=[], metavar="NAME:key=value[,key=value]",
                         help="an extra specgraft run with these recipe overrides (repeatable)")
+    parser.add_argument("--peer-lever", action="append", default=[], metavar="NAME:key=value[,key=value]",
+                        help="an extra SpecForge run with these training settings (repeatable; keys: "
+                             f"{', '.join(PEER_LEVER_KEYS)})")
     parser.add_argument("--specforge-ttt", type=int, default=0,
                         help="SpecForge's ttt_length (default 0: the recipe's head.ttt_steps)")
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
@@ -76,19 +83,47 @@ def check_budget(args: argparse.Namespace) -> None:
             raise SystemExit(2)
 
 
-def parse_levers(items: list[str]) -> list[tuple[str, list[str]]]:
-    """``NAME:key=value,key=value`` -> (name, overrides); one ``error:`` line (status 2) for a malformed item."""
+def parse_levers(items: list[str], flag: str = "--lever") -> list[tuple[str, list[str]]]:
+    """``NAME:key=value,key=value`` -> (name, overrides); one ``error:`` line (status 2, naming ``flag``) for a
+    malformed item."""
     out = []
     for item in items:
         name, sep, rest = item.partition(":")
         overrides = [o for o in rest.split(",") if o]
-        if not sep or not name.isidentifier() or name in (BASELINE, PEER) or not overrides or \
-                any("=" not in o for o in overrides):
-            print(f"error: --lever {item!r} must be NAME:key=value[,key=value] (NAME an identifier other than "
-                  f"{BASELINE}/{PEER})", file=sys.stderr)
+        if not sep or not name.isidentifier() or name in (BASELINE, PEER) or name.startswith(f"{PEER}_") or \
+                not overrides or any("=" not in o for o in overrides):
+            print(f"error: {flag} {item!r} must be NAME:key=value[,key=value] (NAME an identifier other than "
+                  f"{BASELINE}/{PEER}, not starting with {PEER}_)", file=sys.stderr)
             raise SystemExit(2)
         out.append((name, overrides))
     return out
+
+
+def parse_peer_levers(items: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """``NAME:key=value,key=value`` -> (name, SpecForge training settings, numbers typed); one ``error:`` line
+    (status 2) for a malformed item or a key outside :data:`PEER_LEVER_KEYS`."""
+    out = []
+    for name, overrides in parse_levers(items, "--peer-lever"):
+        settings: dict[str, Any] = {}
+        for item in overrides:
+            key, _, text = item.partition("=")
+            if key not in PEER_LEVER_KEYS:
+                print(f"error: --peer-lever {name}: {key!r} is not a SpecForge training setting this benchmark "
+                      f"varies; use one of {', '.join(PEER_LEVER_KEYS)}", file=sys.stderr)
+                raise SystemExit(2)
+            settings[key] = number_or_text(text)
+        out.append((name, settings))
+    return out
+
+
+def number_or_text(text: str) -> int | float | str:
+    """``"3"`` -> 3, ``"3e-3"`` -> 0.003, anything else as written."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def common_overrides(model_dir: Path, split: Mapping[str, Any], work: Path) -> list[str]:
@@ -199,8 +234,11 @@ def specforge_draft_config(model_dir: Path, head_config: Mapping[str, Any]) -> d
 
 
 def train_specforge(peers: Path, model_dir: Path, rows: Path, head_config: Mapping[str, Any], recipe: Any,
-                    work: Path, args: argparse.Namespace, run_id: str) -> dict[str, Any]:
-    """SpecForge's offline EAGLE-3 on ``rows`` (features, then training); returns the run facts and its checkpoint."""
+                    work: Path, args: argparse.Namespace, run_id: str,
+                    variant: tuple[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """SpecForge's offline EAGLE-3 on ``rows`` (features, then training); returns the run facts and its checkpoint.
+    ``variant`` (a ``--peer-lever``: name, training settings) trains in ``specforge/variants/NAME`` from the same
+    feature files with those settings replacing the recipe's."""
     python = specforge_python(peers)
     scripts = peers / "specforge"
     sf = work / "specforge"
@@ -218,7 +256,9 @@ def train_specforge(peers: Path, model_dir: Path, rows: Path, head_config: Mappi
         (sf / "features.done").write_text(json.dumps(timing), encoding="utf-8")
     (sf / "draft.json").write_text(json.dumps(specforge_draft_config(model_dir, head_config), indent=1),
                                    encoding="utf-8")
-    out_dir = sf / "out"
+    run_dir = sf if variant is None else sf / "variants" / variant[0]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = run_dir / "out"
     training = recipe.training
     config = {
         "model": {"target_model_path": str(sf_target), "torch_dtype": "float32",
@@ -233,30 +273,31 @@ def train_specforge(peers: Path, model_dir: Path, rows: Path, head_config: Mappi
                      "lr_scheduler": "cosine",
                      "max_grad_norm": float(training.max_grad_norm),
                      "ttt_length": args.specforge_ttt or int(head_config["ttt_steps"]),
-                     "attention_backend": "sdpa", "log_interval": 50},
+                     "attention_backend": "sdpa", "log_interval": 50,
+                     **(variant[1] if variant is not None else {})},
         "run_id": run_id, "output_dir": str(out_dir),
     }
     import yaml
 
-    (sf / "run.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    done = sf / "train.done"  # the timing of the training run of exactly this config (else: train again)
+    (run_dir / "run.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    done = run_dir / "train.done"  # the timing of the training run of exactly this config (else: train again)
     if not done.is_file() or json.loads(done.read_text(encoding="utf-8")).get("config") != config:
         shutil.rmtree(out_dir, ignore_errors=True)
-        shutil.rmtree(sf / "sglang", ignore_errors=True)
-        timing = timed_child([str(python), str(scripts / "train_cpu.py"), "--config", str(sf / "run.yaml")],
-                             sf / "train.log", env, scripts)
+        shutil.rmtree(run_dir / "sglang", ignore_errors=True)
+        timing = timed_child([str(python), str(scripts / "train_cpu.py"), "--config", str(run_dir / "run.yaml")],
+                             run_dir / "train.log", env, scripts)
         done.write_text(json.dumps({**timing, "config": config}), encoding="utf-8")
     facts: dict[str, Any] = {"features": json.loads((sf / "features.done").read_text(encoding="utf-8")),
                              "train": {k: v for k, v in json.loads(done.read_text(encoding="utf-8")).items()
                                        if k != "config"}}
     states = sorted(out_dir.glob("*-step*/training_state.pt"), key=lambda p: p.stat().st_mtime)
     if not states:
-        sys.exit(f"error: SpecForge wrote no checkpoint under {out_dir}; see {sf / 'train.log'}")
-    exported = sf / "sglang"
+        sys.exit(f"error: SpecForge wrote no checkpoint under {out_dir}; see {run_dir / 'train.log'}")
+    exported = run_dir / "sglang"
     if not (exported / "model.safetensors").is_file():  # its own `specforge export --to sglang`
         timed_child([str(python), "-c", "import sys; from specforge import cli; sys.exit(cli.main(sys.argv[1:]))",
                      "export", "--to", "sglang", "--checkpoint", str(states[-1].parent), "--draft-config",
-                     str(sf / "draft.json"), "--output-dir", str(exported)], sf / "export.log", env, scripts)
+                     str(sf / "draft.json"), "--output-dir", str(exported)], run_dir / "export.log", env, scripts)
     facts["checkpoint"] = str(exported)
     facts["trained_checkpoint"] = str(states[-1].parent)
     facts["config"] = config
@@ -356,6 +397,39 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     return save_png(fig, path)
 
 
+def side_by_side_figures(runs: list[dict[str, Any]], decoded: list[dict[str, Any]],
+                         peers: set[str]) -> list[dict[str, Any]]:
+    """One figure per (training run, mode): tau, its ratio to SpecForge at the recipe's settings and to the best
+    peer run in that mode, speedup, lossless check, costs; a specgraft lever's tau gain over specgraft's recipe per
+    CPU second of its run."""
+    tau = {(r["head"], r["mode"]): r["overall"]["tau"] for r in decoded}
+    base_cpu = next(r["cpu_s"] for r in runs if r["head"] == BASELINE)
+    figures = []
+    for run in runs:
+        for mode in MODES:
+            row = next(r for r in decoded if r["head"] == run["head"] and r["mode"] == mode)
+            overall = row["overall"]
+            is_peer = run["head"] in peers
+            figures.append({
+                "head": run["head"], "mode": mode, "tau": overall["tau"],
+                "ratio_to_specforge": overall["tau"] / tau[PEER, mode],
+                "ratio_to_best_peer": overall["tau"] / max(tau[p, mode] for p in peers),
+                "speedup": overall["speedup_ratio_of_totals"], "lossless": lossless_label(overall),
+                "train_cpu_s": run["cpu_s"], "train_wall_s": round(run["wall_s"], 1),
+                # SpecForge's feature files are a process of their own; specgraft's are inside train_cpu_s
+                "features_cpu_s": run.get("features_cpu_s"),
+                "overrides": " ".join(run.get("overrides", [])) or "-",
+                # None for the peers and specgraft's recipe
+                "gain_per_cpu_s": ((tau[run["head"], mode] - tau[BASELINE, mode]) / run["cpu_s"]
+                                   if not is_peer and run["head"] != BASELINE else None),
+                "extra_cpu_s": None if is_peer else run["cpu_s"] - base_cpu,
+                # decoded by an earlier run of this benchmark (same head files, prompts, settings): same tau,
+                # its speedup timed then
+                "reused_decode": row["reused"],
+            })
+    return figures
+
+
 def side_by_side(args: argparse.Namespace, label: str, model_dir: Path, split: Mapping[str, Any], work: Path,
                  features: str, started: float) -> int:
     """Steps 1-4 of this module's protocol on ``model_dir`` with ``split`` (``train_text``: the training data file or
@@ -365,6 +439,7 @@ def side_by_side(args: argparse.Namespace, label: str, model_dir: Path, split: M
     from specgraft.config import load_recipe
 
     levers = parse_levers(args.lever)
+    peer_levers = parse_peer_levers(args.peer_lever)
     recipe = load_recipe(ROOT / args.recipe, common_overrides(model_dir, split, work))
     rows_path, data = build_rows(model_dir, split, work, args.recipe)
     print(f"data: {data['rows']} rows, {data['tokens']:,} tokens ({data['loss_tokens']:,} loss tokens); "
@@ -374,59 +449,46 @@ def side_by_side(args: argparse.Namespace, label: str, model_dir: Path, split: M
     head_config = json.loads((Path(runs[0]["head_dir"]) / "head_config.json").read_text(encoding="utf-8"))["config"]
     runs += [trained(name, overrides, model_dir, split, work, args, features) for name, overrides in levers]
     run_id = f"{label.lower().replace(' ', '-')}-eagle3"
-    peer = train_specforge(args.peers, model_dir, rows_path, head_config, recipe, work, args, run_id)
-    peer_dir = import_specforge(Path(peer["checkpoint"]), model_dir, head_config, work / "runs" / PEER / "head")
-    peer["forward_max_abs_diff"] = forward_difference(args.peers, Path(peer["checkpoint"]), peer_dir, model_dir, work)
-    print(f"SpecForge's draft forward vs the imported head's: max |logit difference| "
-          f"{peer['forward_max_abs_diff']:.2e}", flush=True)
-    runs.insert(0, {"head": PEER, "features": "offline features", "head_dir": str(peer_dir),
-                    "cpu_s": peer["train"]["cpu_s"], "wall_s": peer["train"]["wall_s"],
-                    "features_cpu_s": peer["features"]["cpu_s"]})
+    peer_runs, peer_facts = [], {}
+    for variant in [None, *peer_levers]:
+        head = PEER if variant is None else f"{PEER}_{variant[0]}"
+        peer = train_specforge(args.peers, model_dir, rows_path, head_config, recipe, work, args, run_id, variant)
+        peer_dir = import_specforge(Path(peer["checkpoint"]), model_dir, head_config, work / "runs" / head / "head")
+        peer["forward_max_abs_diff"] = forward_difference(args.peers, Path(peer["checkpoint"]), peer_dir, model_dir,
+                                                          work)
+        print(f"SpecForge's draft forward ({head}) vs the imported head's: max |logit difference| "
+              f"{peer['forward_max_abs_diff']:.2e}", flush=True)
+        peer_facts[head] = peer
+        peer_runs.append({"head": head, "features": "offline features", "head_dir": str(peer_dir),
+                          "cpu_s": peer["train"]["cpu_s"], "wall_s": peer["train"]["wall_s"],
+                          "features_cpu_s": peer["features"]["cpu_s"],
+                          "overrides": [f"{k}={v}" for k, v in (variant[1] if variant else {}).items()]})
+    runs = peer_runs + runs
     for run in runs:
         print(f"  train {run['head']:<10} {run['cpu_s']:>7.0f} CPU s  {run['wall_s']:>6.0f} s", flush=True)
 
     # evaluate_heads decodes the runs marked online; every head here is decoded the same way.
     decoded = evaluate_heads(model_dir, [{**r, "features": "online"} for r in runs], split, work, args, MODES,
                              reuse=not args.redecode)
-    tau = {(r["head"], r["mode"]): r["overall"]["tau"] for r in decoded}
-    base_cpu = next(r["cpu_s"] for r in runs if r["head"] == BASELINE)
-    figures = []
-    for run in runs:
-        for mode in MODES:
-            row = next(r for r in decoded if r["head"] == run["head"] and r["mode"] == mode)
-            overall = row["overall"]
-            gain = tau[run["head"], mode] - tau[BASELINE, mode]
-            figures.append({
-                "head": run["head"], "mode": mode, "tau": overall["tau"],
-                "ratio_to_specforge": overall["tau"] / tau[PEER, mode],
-                "speedup": overall["speedup_ratio_of_totals"], "lossless": lossless_label(overall),
-                "train_cpu_s": run["cpu_s"], "train_wall_s": round(run["wall_s"], 1),
-                # SpecForge's feature files are a process of their own; specgraft's are inside train_cpu_s
-                "features_cpu_s": run.get("features_cpu_s"),
-                "overrides": " ".join(run.get("overrides", [])) or "-",
-                # a lever's tau gain over specgraft's recipe per CPU second of its run (None for the two baselines)
-                "gain_per_cpu_s": gain / run["cpu_s"] if run["head"] not in (BASELINE, PEER) else None,
-                "extra_cpu_s": run["cpu_s"] - base_cpu if run["head"] != PEER else None,
-                # decoded by an earlier run of this benchmark (same head files, prompts, settings): same tau,
-                # its speedup timed then
-                "reused_decode": row["reused"],
-            })
+    figures = side_by_side_figures(runs, decoded, {r["head"] for r in peer_runs})
     total = time.perf_counter() - started
     budget = (f"{args.steps} steps x {args.micro_batch} rows x <= {recipe.data.max_length} tokens, the same "
               f"{data['rows']} rows ({data['tokens']:,} tokens)")
     print(f"\n## EAGLE-3 on {label}, {budget}; {split['num_prompts']} held-out prompts, greedy, "
           f"{args.max_new_tokens} new tokens, specgraft's decoder\n")
-    print("| head | mode | tau | / SpecForge | speedup | lossless | train CPU s | features CPU s | gain/CPU s | "
-          "overrides |")
-    print("|---|---|---:|---:|---:|---|---:|---:|---:|---|")
+    print("| head | mode | tau | / SpecForge | / best peer | speedup | lossless | train CPU s | features CPU s | "
+          "gain/CPU s | overrides |")
+    print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|")
     for f in figures:
         print(f"| {f['head']} | {f['mode']} | {fmt(f['tau'])} | {fmt(f['ratio_to_specforge'], 3, 'x')} | "
+              f"{fmt(f['ratio_to_best_peer'], 3, 'x')} | "
               f"{fmt(f['speedup'], 2, 'x')} | {f['lossless']} | {f['train_cpu_s']:.0f} | "
               f"{fmt(f['features_cpu_s'], 0)} | {fmt(f['gain_per_cpu_s'], 5)} | {f['overrides']} |")
     print(f"\ntotal {total:.0f} s")
     png = plot(figures, args.results_dir / f"{args.result_name}.png", f"EAGLE-3 on {label} at one budget")
     record = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "data": {**split, **data}, "specforge": peer, "training": runs, "decoding": decoded,
+              "data": {**split, **data}, "specforge": peer_facts[PEER], "specforge_variants": peer_facts,
+              "training": runs, "decoding": decoded,
               "figures": figures, "budget": budget, "total_wall_s": total, "plot": str(png)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
@@ -435,6 +497,10 @@ def side_by_side(args: argparse.Namespace, label: str, model_dir: Path, split: M
                        "both decoded by specgraft's decoder",
                  details={"settings": record["settings"], "budget": budget, "data": data, "plot": png.name,
                           "specgraft_features": features,
-                          "specforge_forward_max_abs_diff": peer["forward_max_abs_diff"],
-                          "specforge_config": peer["config"], "full_record": str(args.out)})
+                          "specforge_forward_max_abs_diff": max(p["forward_max_abs_diff"]
+                                                                for p in peer_facts.values()),
+                          "specforge_config": peer_facts[PEER]["config"],
+                          "specforge_peer_levers": {h: p["config"]["training"] for h, p in peer_facts.items()
+                                                    if h != PEER},
+                          "full_record": str(args.out)})
     return 0 if all(f["lossless"].startswith("passed") for f in figures) else 1

@@ -43,6 +43,43 @@ def test_a_malformed_lever_is_one_error_line(item, capsys):
     assert err.count("\n") == 1 and err.startswith("error: --lever")
 
 
+def test_peer_levers_are_specforge_training_settings_with_typed_numbers():
+    got = specforge.parse_peer_levers(["lr3e3:learning_rate=3e-3,ttt_length=2", "const:lr_scheduler=constant"])
+    assert got == [("lr3e3", {"learning_rate": 0.003, "ttt_length": 2}), ("const", {"lr_scheduler": "constant"})]
+
+
+@pytest.mark.parametrize("item, named", [("lr:batch_size=8", "batch_size"), ("lr:max_steps=10", "max_steps"),
+                                         ("lr3e3", "--peer-lever"), ("specforge_x:learning_rate=1", "--peer-lever")])
+def test_a_peer_lever_that_changes_the_budget_or_is_malformed_is_one_error_line(item, named, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        specforge.parse_peer_levers([item])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --peer-lever") and named in err
+
+
+def test_each_head_is_compared_with_the_best_peer_run_in_its_mode():
+    taus = {("specforge", "tree"): 1.5, ("specforge", "chain"): 1.2, ("specforge_lr", "tree"): 1.6,
+            ("specforge_lr", "chain"): 1.1, ("specgraft", "tree"): 1.76, ("specgraft", "chain"): 1.32,
+            ("lever", "tree"): 1.84, ("lever", "chain"): 1.2}
+    decoded = [{"head": h, "mode": m, "reused": False,
+                "overall": {"tau": t, "speedup_ratio_of_totals": 1.0, "lossless_passed": True,
+                            "lossless_identical": 8, "lossless_checked": 8}} for (h, m), t in taus.items()]
+    runs = [{"head": h, "cpu_s": cpu, "wall_s": cpu} for h, cpu in
+            (("specforge", 100.0), ("specforge_lr", 100.0), ("specgraft", 200.0), ("lever", 400.0))]
+    figures = {(f["head"], f["mode"]): f for f in specforge.side_by_side_figures(runs, decoded,
+                                                                                 {"specforge", "specforge_lr"})}
+    assert figures["specgraft", "tree"]["ratio_to_specforge"] == pytest.approx(1.76 / 1.5)
+    assert figures["specgraft", "tree"]["ratio_to_best_peer"] == pytest.approx(1.76 / 1.6)  # the variant is best
+    assert figures["specgraft", "chain"]["ratio_to_best_peer"] == pytest.approx(1.32 / 1.2)  # the default is best
+    assert figures["specforge_lr", "tree"]["ratio_to_best_peer"] == pytest.approx(1.0)
+    assert figures["lever", "chain"]["lossless"] == "passed 8/8"
+    assert figures["lever", "tree"]["gain_per_cpu_s"] == pytest.approx((1.84 - 1.76) / 400)
+    assert figures["lever", "tree"]["extra_cpu_s"] == pytest.approx(200)
+    assert all(figures[p, m]["gain_per_cpu_s"] is None and figures[p, m]["extra_cpu_s"] is None
+               for p in ("specforge", "specforge_lr") for m in ("tree", "chain"))
+
+
 @pytest.fixture
 def smol_inputs(tmp_path: Path) -> dict[str, Path]:
     """A target folder, a data file and an MT-bench-style question file (two turns, two categories)."""
@@ -66,7 +103,7 @@ def run_smol(argv: list[str], monkeypatch) -> int:
 @pytest.mark.parametrize("case, expected", [
     ("no_target", "--target-model"), ("no_data", "--data"), ("no_questions", "--questions"),
     ("per_domain", "--per-domain"), ("steps", "--steps"), ("micro_batch", "--micro-batch"),
-    ("lever", "--lever"),
+    ("lever", "--lever"), ("peer_lever", "max_steps"),
 ])
 def test_the_smollm2_bench_refuses_bad_input_in_one_line_before_building_anything(case, expected, smol_inputs,
                                                                                    tmp_path, monkeypatch, capsys):
@@ -80,7 +117,8 @@ def test_the_smollm2_bench_refuses_bad_input_in_one_line_before_building_anythin
         inputs["questions"] = tmp_path / "missing.jsonl"
     else:
         extra = {"per_domain": ["--per-domain", "0"], "steps": ["--steps", "0"], "micro_batch": ["--micro-batch", "-1"],
-                 "lever": ["--lever", "specgraft:head.ttt_steps=5"]}[case]
+                 "lever": ["--lever", "specgraft:head.ttt_steps=5"],
+                 "peer_lever": ["--peer-lever", "lr:max_steps=5"]}[case]
     argv = ["--peers", str(tmp_path / "peers"), "--target-model", str(inputs["target"]), "--data", str(inputs["data"]),
             "--questions", str(inputs["questions"]), "--out", str(inputs["out"]), "--results-dir", str(tmp_path),
             *extra]
