@@ -397,12 +397,36 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     return save_png(fig, path)
 
 
+def paired_ratio_interval(ours: Mapping[str, Mapping[str, int]], theirs: Mapping[str, Mapping[str, int]],
+                          draws: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """95% interval of tau(ours) / tau(theirs) over the prompt turns both decoded (``{turn: {new_tokens, steps}}``),
+    by a paired bootstrap: turns are resampled together for both heads, so the spread is what the choice of prompts
+    makes of the ratio, not each head's own spread. None when fewer than two turns are shared."""
+    import random
+
+    shared = sorted(set(ours) & set(theirs))
+    if len(shared) < 2:
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(draws):
+        sample = [rng.choice(shared) for _ in shared]
+        ours_tau = sum(ours[t]["new_tokens"] for t in sample) / sum(ours[t]["steps"] for t in sample)
+        theirs_tau = sum(theirs[t]["new_tokens"] for t in sample) / sum(theirs[t]["steps"] for t in sample)
+        ratios.append(ours_tau / theirs_tau)
+    ratios.sort()
+    return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
+
+
 def side_by_side_figures(runs: list[dict[str, Any]], decoded: list[dict[str, Any]],
                          peers: set[str]) -> list[dict[str, Any]]:
     """One figure per (training run, mode): tau, its ratio to SpecForge at the recipe's settings and to the best
-    peer run in that mode, speedup, lossless check, costs; a specgraft lever's tau gain over specgraft's recipe per
-    CPU second of its run."""
+    peer run in that mode (with its paired 95% interval over the prompt turns, :func:`paired_ratio_interval`),
+    speedup, lossless check, costs; a specgraft lever's tau gain over specgraft's recipe per CPU second of its
+    run."""
     tau = {(r["head"], r["mode"]): r["overall"]["tau"] for r in decoded}
+    turns = {(r["head"], r["mode"]): r.get("turns", {}) for r in decoded}
+    best_peer = {mode: max(peers, key=lambda p: tau[p, mode]) for mode in MODES}
     base_cpu = next(r["cpu_s"] for r in runs if r["head"] == BASELINE)
     figures = []
     for run in runs:
@@ -410,10 +434,15 @@ def side_by_side_figures(runs: list[dict[str, Any]], decoded: list[dict[str, Any
             row = next(r for r in decoded if r["head"] == run["head"] and r["mode"] == mode)
             overall = row["overall"]
             is_peer = run["head"] in peers
+            interval = paired_ratio_interval(turns[run["head"], mode], turns[best_peer[mode], mode])
             figures.append({
                 "head": run["head"], "mode": mode, "tau": overall["tau"],
                 "ratio_to_specforge": overall["tau"] / tau[PEER, mode],
-                "ratio_to_best_peer": overall["tau"] / max(tau[p, mode] for p in peers),
+                "ratio_to_best_peer": overall["tau"] / tau[best_peer[mode], mode],
+                "best_peer": best_peer[mode],
+                # 95% paired bootstrap over the held-out prompt turns (None without per-turn records)
+                "ratio_to_best_peer_low": interval[0] if interval else None,
+                "ratio_to_best_peer_high": interval[1] if interval else None,
                 "speedup": overall["speedup_ratio_of_totals"], "lossless": lossless_label(overall),
                 "train_cpu_s": run["cpu_s"], "train_wall_s": round(run["wall_s"], 1),
                 # SpecForge's feature files are a process of their own; specgraft's are inside train_cpu_s
@@ -476,12 +505,14 @@ def side_by_side(args: argparse.Namespace, label: str, model_dir: Path, split: M
               f"{data['rows']} rows ({data['tokens']:,} tokens)")
     print(f"\n## EAGLE-3 on {label}, {budget}; {split['num_prompts']} held-out prompts, greedy, "
           f"{args.max_new_tokens} new tokens, specgraft's decoder\n")
-    print("| head | mode | tau | / SpecForge | / best peer | speedup | lossless | train CPU s | features CPU s | "
-          "gain/CPU s | overrides |")
+    print("| head | mode | tau | / SpecForge | / best peer [95%] | speedup | lossless | train CPU s | "
+          "features CPU s | gain/CPU s | overrides |")
     print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|")
     for f in figures:
+        interval = (f" [{fmt(f['ratio_to_best_peer_low'], 2)}-{fmt(f['ratio_to_best_peer_high'], 2)}]"
+                    if f["ratio_to_best_peer_low"] is not None else "")
         print(f"| {f['head']} | {f['mode']} | {fmt(f['tau'])} | {fmt(f['ratio_to_specforge'], 3, 'x')} | "
-              f"{fmt(f['ratio_to_best_peer'], 3, 'x')} | "
+              f"{fmt(f['ratio_to_best_peer'], 3, 'x')}{interval} | "
               f"{fmt(f['speedup'], 2, 'x')} | {f['lossless']} | {f['train_cpu_s']:.0f} | "
               f"{fmt(f['features_cpu_s'], 0)} | {fmt(f['gain_per_cpu_s'], 5)} | {f['overrides']} |")
     print(f"\ntotal {total:.0f} s")

@@ -63,6 +63,7 @@ def test_each_head_is_compared_with_the_best_peer_run_in_its_mode():
             ("specforge_lr", "chain"): 1.1, ("specgraft", "tree"): 1.76, ("specgraft", "chain"): 1.32,
             ("lever", "tree"): 1.84, ("lever", "chain"): 1.2}
     decoded = [{"head": h, "mode": m, "reused": False,
+                "turns": {f"{i}/0": {"new_tokens": 60, "steps": round(60 / t)} for i in range(4)},
                 "overall": {"tau": t, "speedup_ratio_of_totals": 1.0, "lossless_passed": True,
                             "lossless_identical": 8, "lossless_checked": 8}} for (h, m), t in taus.items()]
     runs = [{"head": h, "cpu_s": cpu, "wall_s": cpu} for h, cpu in
@@ -73,11 +74,29 @@ def test_each_head_is_compared_with_the_best_peer_run_in_its_mode():
     assert figures["specgraft", "tree"]["ratio_to_best_peer"] == pytest.approx(1.76 / 1.6)  # the variant is best
     assert figures["specgraft", "chain"]["ratio_to_best_peer"] == pytest.approx(1.32 / 1.2)  # the default is best
     assert figures["specforge_lr", "tree"]["ratio_to_best_peer"] == pytest.approx(1.0)
+    assert figures["specgraft", "tree"]["best_peer"] == "specforge_lr"
+    tree = figures["specgraft", "tree"]
+    low, high = tree["ratio_to_best_peer_low"], tree["ratio_to_best_peer_high"]
+    assert low == high == pytest.approx((60 / 34) / (60 / 38))  # the same gain on every turn (steps rounded)
     assert figures["lever", "chain"]["lossless"] == "passed 8/8"
     assert figures["lever", "tree"]["gain_per_cpu_s"] == pytest.approx((1.84 - 1.76) / 400)
     assert figures["lever", "tree"]["extra_cpu_s"] == pytest.approx(200)
     assert all(figures[p, m]["gain_per_cpu_s"] is None and figures[p, m]["extra_cpu_s"] is None
                for p in ("specforge", "specforge_lr") for m in ("tree", "chain"))
+
+
+def test_the_paired_interval_tracks_the_prompts_not_each_heads_own_spread():
+    # prompt turns of very different difficulty: the peer's tau per turn runs from 1.1 to 2.5
+    peer = {f"{i}/0": {"new_tokens": 64, "steps": steps} for i, steps in enumerate((58, 50, 40, 32, 26, 58, 45, 30))}
+    better = {t: {"new_tokens": 64, "steps": round(v["steps"] / 1.1)} for t, v in peer.items()}  # 1.1x on every turn
+    low, high = specforge.paired_ratio_interval(better, peer)
+    assert 1.07 < low <= high < 1.13  # every turn agrees: a narrow interval around 1.1 despite the turns' spread
+    # negative control: the same overall gain from one turn alone is not a consistent lead
+    lucky = {**peer, "4/0": {"new_tokens": 64, "steps": 12}}
+    low, high = specforge.paired_ratio_interval(lucky, peer)
+    assert low <= 1.0 + 1e-9 and high > 1.1
+    assert specforge.paired_ratio_interval(peer, peer) == (1.0, 1.0)
+    assert specforge.paired_ratio_interval({"0/0": peer["0/0"]}, peer) is None  # one shared turn: no interval
 
 
 @pytest.fixture
