@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.results import add_result_arguments, save_png, write_result
-from benchlib.stages import StageLog, run_stage, specgraft
+from benchlib.stages import StageLog, answered_turns, run_stage, specgraft
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -105,23 +105,16 @@ def adapt_command(args: argparse.Namespace, out: Path) -> list[str]:
     return specgraft("train", str(args.recipe), *overrides, "--threads", str(args.threads), "--no-progress")
 
 
-def answered_turns(report_dir: Path) -> dict[tuple[str, str, int], float]:
+def answered_taus(report_dir: Path) -> dict[tuple[str, str, int], float]:
     """tau of every answered turn, keyed by (domain, prompt id, turn), from the eval's answers file."""
-    answers = report_dir / "answers.jsonl"
-    out: dict[tuple[str, str, int], float] = {}
-    if not answers.is_file():
-        return out
-    for line in answers.read_text(encoding="utf-8").splitlines():
-        row = json.loads(line) if line.strip() else None
-        if row and row.get("tau") is not None:
-            out[str(row.get("domain", "?")), str(row.get("prompt_id")), int(row.get("turn", 0))] = float(row["tau"])
-    return out
+    return {(str(row.get("domain", "?")), prompt_id, turn): float(row["tau"])
+            for (prompt_id, turn), row in answered_turns(report_dir).items() if row.get("tau") is not None}
 
 
 def turn_taus(report_dir: Path) -> dict[str, list[float]]:
     """tau of every answered turn per domain, from the eval's answers file (accepted drafts per target forward)."""
     out: dict[str, list[float]] = {}
-    for (domain, _, _), tau in answered_turns(report_dir).items():
+    for (domain, _, _), tau in answered_taus(report_dir).items():
         out.setdefault(domain, []).append(tau)
     return out
 
@@ -129,7 +122,7 @@ def turn_taus(report_dir: Path) -> dict[str, list[float]]:
 def paired_changes(before_dir: Path, after_dir: Path) -> dict[str, list[float]]:
     """Per domain, the after-minus-before tau of every turn both evals answered (the same tokens: decoding is lossless
     and greedy), so a domain's change is judged against the spread of its own turns' changes."""
-    before, after = answered_turns(before_dir), answered_turns(after_dir)
+    before, after = answered_taus(before_dir), answered_taus(after_dir)
     out: dict[str, list[float]] = {}
     for key in sorted(before.keys() & after.keys()):
         out.setdefault(key[0], []).append(after[key] - before[key])

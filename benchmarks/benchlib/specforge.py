@@ -117,7 +117,9 @@ def parse_peer_levers(items: list[str]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def number_or_text(text: str) -> int | float | str:
-    """``"3"`` -> 3, ``"3e-3"`` -> 0.003, anything else as written."""
+    """``"3"`` -> 3, ``"3e-3"`` -> 0.003, anything else as written (not the recipes' YAML override parsing,
+    :func:`specgraft.config.apply_overrides`: YAML 1.1 reads ``3e-3`` as text, and SpecForge's config wants a
+    number)."""
     for kind in (int, float):
         try:
             return kind(text)

@@ -149,6 +149,18 @@ def lossless_label(overall: Mapping[str, Any]) -> str:
     return f"{verdict} {overall.get('lossless_identical')}/{overall.get('lossless_checked')}"
 
 
+def answered_turns(report_dir: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """The answers file of a ``specgraft eval`` report folder, one record per answered prompt turn keyed by
+    (prompt id, turn); empty when the folder has none."""
+    from specgraft.evaluation.prompts import read_jsonl
+    from specgraft.evaluation.render import ANSWERS_JSONL
+
+    answers = Path(report_dir) / ANSWERS_JSONL
+    if not answers.is_file():
+        return {}
+    return {(str(r.get("prompt_id")), int(r.get("turn", 0))): r for _, r in read_jsonl(answers)}
+
+
 def eval_figures(overall: Mapping[str, Any]) -> dict[str, Any]:
     """The figures of a ``report.json`` overall section as one flat result row (scalars only)."""
     keys = ("tau", "tokens_per_s", "baseline_tokens_per_s", "speedup_mean_of_ratios", "speedup_ratio_of_totals",

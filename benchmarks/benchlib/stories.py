@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from benchlib.stages import answered_turns
+
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("SPECGRAFT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 STORIES_DIR = SHARED / "models" / "stories260K"
@@ -137,7 +139,7 @@ def evaluate_heads(model_dir: Path, runs: list[dict[str, Any]], split: Mapping[s
     is what a new decode gives, its times are from that earlier run)."""
     import torch
 
-    from specgraft.evaluation.prompts import load_prompts, read_jsonl
+    from specgraft.evaluation.prompts import load_prompts
     from specgraft.evaluation.report import EvalSettings
     from specgraft.pipeline.evaluate import DrafterChoice, evaluate, load_drafter
     from specgraft.target import load_target
@@ -164,12 +166,11 @@ def evaluate_heads(model_dir: Path, runs: list[dict[str, Any]], split: Mapping[s
                 report = evaluate(loaded, prompts, out_dir, settings=settings, progress=False)
                 (out_dir / "decode_key.json").write_text(json.dumps({"key": key}), encoding="utf-8")
             overall = report["overall"]
-            answers = [record for _, record in read_jsonl(out_dir / "answers.jsonl")]
             rows.append({"head": run["head"], "mode": mode, "drafter": report["drafter"], "reused": reused,
                          "eval_wall_s": None if reused else time.perf_counter() - start, "overall": overall,
                          # per prompt turn: what a paired comparison of two heads on the same prompts needs
-                         "turns": {f"{a['prompt_id']}/{a['turn']}": {"new_tokens": a["new_tokens"], "steps": a["steps"]}
-                                   for a in answers},
+                         "turns": {f"{prompt_id}/{turn}": {"new_tokens": a["new_tokens"], "steps": a["steps"]}
+                                   for (prompt_id, turn), a in answered_turns(out_dir).items()},
                          "domains": {d: {k: v.get(k) for k in ("tau", "speedup_ratio_of_totals", "lossless_passed")}
                                      for d, v in report["domains"].items()}})
             print(f"  eval {run['head']:<6} {mode:<5} tau {overall['tau']:.2f}  speedup "
