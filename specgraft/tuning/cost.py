@@ -6,7 +6,8 @@
   verifying ``n`` tokens at once (the root plus ``n - 1`` draft nodes), for a chain (causal forward) and for a tree
   (4D tree mask), at a KV length of ``--kv-length`` tokens. The draft comes from a zero-cost drafter that returns a
   fixed set of random tokens, so the time is verification plus the decoder's own bookkeeping: exactly what a step
-  costs besides drafting. ``n = 1`` is a plain decoding step. Each value is the slope of generation time over the
+  costs besides drafting. ``n = 1`` is a plain decoding step: the eval's baseline, with the stock kernels or with
+  the switched ones where those decode faster. Each value is the slope of generation time over the
   number of steps (two generation lengths, so prefill cancels), median over ``--repeats``.
 * ``bookkeeping_s``: the part of each ``step_s`` outside the verification forward and its verdict (the decoder's
   own work per step: tree structure and mask, KV rollback), from the same runs. ``specgraft tune`` adds it to the
@@ -45,7 +46,7 @@ from specgraft.decoding.tree import DraftTree
 from specgraft.errors import SpecgraftError
 from specgraft.evaluation.settings import MAX_REPEATS
 from specgraft.heads.registry import draft_model_search, get_family
-from specgraft.kernels.exact_attention import attention_kernel_of, stock_kernels
+from specgraft.kernels.exact_attention import attention_kernel_of, kernel_setting, stock_kernels
 from specgraft.tuning.search import monotone
 from specgraft.tuning.settings import DEFAULT_KV_LENGTH, DEFAULT_REPEATS, DEFAULT_TOKEN_COUNTS
 from specgraft.utils.io import atomic_write_json, read_json_meta, require_file
@@ -371,14 +372,21 @@ def measure_steps(model: Any, kv_length: int, token_counts: Sequence[int], repea
 
         return step, (rest(long) - rest(short)) / steps
 
-    # The plain step is the user's own: the stock kernels (every speedup is measured against it), whatever
-    # kernels the verification steps use.
+    # The plain step is the eval's baseline: plain decoding with the stock kernels (the user's own), or with the
+    # switched kernels when they run it faster (evaluation.report.summarize_records), so the speedups predicted here
+    # are the ones an eval measures. Verification ratios are taken against it: against a slower stock step every
+    # small verification would read as costing no more than plain decoding (the ratios are floored at 1).
     with stock_kernels(model):
         plain = SpeculativeDecoder(model, None, drafter=None, ignore_eos=True)
+    kernel_plain = (SpeculativeDecoder(model, None, drafter=None, ignore_eos=True)
+                    if kernel_setting(model) != "stock" else None)
 
     def plain_slope() -> tuple[float, float] | None:
         with stock_kernels(model):
-            return slope(plain)
+            stock = slope(plain)
+        own = slope(kernel_plain) if kernel_plain is not None else None
+        timed = [s for s in (stock, own) if s is not None]
+        return min(timed, key=lambda s: s[0]) if timed else None
 
     layers = int(text_config(model).num_hidden_layers)
     decoders = {(mode, int(n)): SpeculativeDecoder(

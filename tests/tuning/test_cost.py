@@ -73,3 +73,31 @@ def test_no_verification_step_reads_cheaper_than_a_plain_step():
     assert abs(table["tree"][8] - 0.15) < 1e-12
     assert table["chain"][1] == table["chain"][2] == 0.1
     assert abs(table["chain"][4] - table["chain"][8]) < 1e-12 and table["chain"][8] > 0.1  # pooled, monotone
+
+
+def test_steps_are_priced_against_the_evals_baseline_the_faster_plain_decoding(monkeypatch):
+    """The eval's baseline is plain decoding with the stock kernels or, when faster, with the switched ones; the
+    profile's plain step and its step ratios must use the same, or (the floor at one plain step) every verification
+    of a few tokens reads as free next to a slow stock step and the tuner picks the widest tree. Here a plain step
+    costs 2 with the stock kernels and 1 with the switched ones, and verifying costs 1.25 switched steps."""
+    from types import SimpleNamespace
+
+    from specgraft.kernels.exact_attention import kernel_setting
+    from specgraft.kernels.linear import use_weight_major_linears
+
+    model = tiny_model("llama")
+    assert use_weight_major_linears(model, min_weights=0) > 0 and kernel_setting(model) != "stock"
+
+    def timed_generate(self, prompt, max_new_tokens, seed=None):
+        plain_step = 2.0 if kernel_setting(self.model) == "stock" else 1.0
+        step = plain_step * (1.25 if self.drafter is not None else 1.0)
+        return SimpleNamespace(num_steps=max_new_tokens, wall_time_s=3.0 + step * max_new_tokens,
+                               prefill_time_s=3.0, verify_time_s=0.9 * step * max_new_tokens, draft_sizes=[])
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", timed_generate)
+    ref = cost._Reference(model, 16, 1)
+    monkeypatch.setattr(ref, "time", lambda: 1.0)
+    table, _ = cost.measure_steps(model, 16, [1, 2, 4], 1, ref)
+    assert table["chain"][1] == 1.0  # the switched kernels' plain step, not the stock one's 2.0
+    assert table["chain"][2] == table["chain"][4] == 1.25  # against a stock plain step: floored to 2.0
+    assert table["tree"][4] == 1.25
