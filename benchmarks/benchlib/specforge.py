@@ -44,7 +44,11 @@ MODES = ("tree", "chain")
 BASELINE = "specgraft"
 PEER = "specforge"
 #: SpecForge ``training`` keys a ``--peer-lever`` may set (the rest is the shared budget and architecture)
-PEER_LEVER_KEYS = ("learning_rate", "warmup_ratio", "lr_scheduler", "max_grad_norm", "ttt_length")
+PEER_TRAINING_KEYS = ("learning_rate", "warmup_ratio", "lr_scheduler", "max_grad_norm", "ttt_length")
+#: SpecForge draft-config keys a ``--peer-lever`` may set (a specgraft lever that changes the head's size is then
+#: tried on the peer at the same size)
+PEER_DRAFT_KEYS = ("draft_vocab_size",)
+PEER_LEVER_KEYS = PEER_TRAINING_KEYS + PEER_DRAFT_KEYS
 
 
 def add_side_by_side_arguments(parser: argparse.ArgumentParser, *, recipe: str, steps: int, micro_batch: int,
@@ -100,15 +104,15 @@ def parse_levers(items: list[str], flag: str = "--lever") -> list[tuple[str, lis
 
 
 def parse_peer_levers(items: list[str]) -> list[tuple[str, dict[str, Any]]]:
-    """``NAME:key=value,key=value`` -> (name, SpecForge training settings, numbers typed); one ``error:`` line
-    (status 2) for a malformed item or a key outside :data:`PEER_LEVER_KEYS`."""
+    """``NAME:key=value,key=value`` -> (name, SpecForge settings, numbers typed); one ``error:`` line (status 2) for a
+    malformed item or a key outside :data:`PEER_LEVER_KEYS`."""
     out = []
     for name, overrides in parse_levers(items, "--peer-lever"):
         settings: dict[str, Any] = {}
         for item in overrides:
             key, _, text = item.partition("=")
             if key not in PEER_LEVER_KEYS:
-                print(f"error: --peer-lever {name}: {key!r} is not a SpecForge training setting this benchmark "
+                print(f"error: --peer-lever {name}: {key!r} is not a SpecForge setting this benchmark "
                       f"varies; use one of {', '.join(PEER_LEVER_KEYS)}", file=sys.stderr)
                 raise SystemExit(2)
             settings[key] = number_or_text(text)
@@ -239,8 +243,8 @@ def train_specforge(peers: Path, model_dir: Path, rows: Path, head_config: Mappi
                     work: Path, args: argparse.Namespace, run_id: str,
                     variant: tuple[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """SpecForge's offline EAGLE-3 on ``rows`` (features, then training); returns the run facts and its checkpoint.
-    ``variant`` (a ``--peer-lever``: name, training settings) trains in ``specforge/variants/NAME`` from the same
-    feature files with those settings replacing the recipe's."""
+    ``variant`` (a ``--peer-lever``: name, settings) trains in ``specforge/variants/NAME`` from the same feature files
+    with those settings replacing the recipe's (a draft vocabulary size: its own draft config and vocabulary map)."""
     python = specforge_python(peers)
     scripts = peers / "specforge"
     sf = work / "specforge"
@@ -260,14 +264,21 @@ def train_specforge(peers: Path, model_dir: Path, rows: Path, head_config: Mappi
                                    encoding="utf-8")
     run_dir = sf if variant is None else sf / "variants" / variant[0]
     run_dir.mkdir(parents=True, exist_ok=True)
+    settings = dict(variant[1]) if variant is not None else {}
+    draft_settings = {k: settings.pop(k) for k in PEER_DRAFT_KEYS if k in settings}
+    draft_json, vocab_cache = sf / "draft.json", sf / "cache"
+    if draft_settings:
+        draft_json, vocab_cache = run_dir / "draft.json", run_dir / "cache"
+        draft_json.write_text(json.dumps(specforge_draft_config(model_dir, {**head_config, **draft_settings}),
+                                         indent=1), encoding="utf-8")
     out_dir = run_dir / "out"
     training = recipe.training
     config = {
         "model": {"target_model_path": str(sf_target), "torch_dtype": "float32",
-                  "draft_model_config": str(sf / "draft.json"), "aux_hidden_state_layer_ids": layers},
+                  "draft_model_config": str(draft_json), "aux_hidden_state_layer_ids": layers},
         # cache_dir: where SpecForge keeps the draft-vocabulary map it counts from the features' loss tokens
         "data": {"hidden_states_path": str(features), "max_length": int(recipe.data.max_length),
-                 "dataloader_num_workers": 0, "cache_dir": str(sf / "cache")},
+                 "dataloader_num_workers": 0, "cache_dir": str(vocab_cache)},
         "training": {"strategy": "eagle3", "fsdp_sharding": "NO_SHARD", "max_steps": args.steps,
                      "batch_size": args.micro_batch, "learning_rate": float(training.learning_rate),
                      # the recipe's warmup steps as a share; SpecForge's cosine needs a step after the warmup
@@ -275,8 +286,7 @@ def train_specforge(peers: Path, model_dir: Path, rows: Path, head_config: Mappi
                      "lr_scheduler": "cosine",
                      "max_grad_norm": float(training.max_grad_norm),
                      "ttt_length": args.specforge_ttt or int(head_config["ttt_steps"]),
-                     "attention_backend": "sdpa", "log_interval": 50,
-                     **(variant[1] if variant is not None else {})},
+                     "attention_backend": "sdpa", "log_interval": 50, **settings},
         "run_id": run_id, "output_dir": str(out_dir),
     }
     import yaml
@@ -299,10 +309,11 @@ def train_specforge(peers: Path, model_dir: Path, rows: Path, head_config: Mappi
     if not (exported / "model.safetensors").is_file():  # its own `specforge export --to sglang`
         timed_child([str(python), "-c", "import sys; from specforge import cli; sys.exit(cli.main(sys.argv[1:]))",
                      "export", "--to", "sglang", "--checkpoint", str(states[-1].parent), "--draft-config",
-                     str(sf / "draft.json"), "--output-dir", str(exported)], run_dir / "export.log", env, scripts)
+                     str(draft_json), "--output-dir", str(exported)], run_dir / "export.log", env, scripts)
     facts["checkpoint"] = str(exported)
     facts["trained_checkpoint"] = str(states[-1].parent)
     facts["config"] = config
+    facts["draft_settings"] = draft_settings
     return facts
 
 
@@ -484,7 +495,10 @@ def side_by_side(args: argparse.Namespace, label: str, model_dir: Path, split: M
     for variant in [None, *peer_levers]:
         head = PEER if variant is None else f"{PEER}_{variant[0]}"
         peer = train_specforge(args.peers, model_dir, rows_path, head_config, recipe, work, args, run_id, variant)
-        peer_dir = import_specforge(Path(peer["checkpoint"]), model_dir, head_config, work / "runs" / head / "head")
+        peer_head_config = {**head_config, **{k: v for k, v in (variant[1] if variant else {}).items()
+                                               if k in PEER_DRAFT_KEYS}}
+        peer_dir = import_specforge(Path(peer["checkpoint"]), model_dir, peer_head_config,
+                                    work / "runs" / head / "head")
         peer["forward_max_abs_diff"] = forward_difference(args.peers, Path(peer["checkpoint"]), peer_dir, model_dir,
                                                           work)
         print(f"SpecForge's draft forward ({head}) vs the imported head's: max |logit difference| "
@@ -533,7 +547,8 @@ def side_by_side(args: argparse.Namespace, label: str, model_dir: Path, split: M
                           "specforge_forward_max_abs_diff": max(p["forward_max_abs_diff"]
                                                                 for p in peer_facts.values()),
                           "specforge_config": peer_facts[PEER]["config"],
-                          "specforge_peer_levers": {h: p["config"]["training"] for h, p in peer_facts.items()
+                          "specforge_peer_levers": {h: {**p["config"]["training"], **p["draft_settings"]}
+                                                    for h, p in peer_facts.items()
                                                     if h != PEER},
                           "full_record": str(args.out)})
     return 0 if all(f["lossless"].startswith("passed") for f in figures) else 1

@@ -122,6 +122,11 @@ class DraftHead(nn.Module):
         (norms, rotary, gated MLP) fuse. Default none (a family whose training cost is its matmuls gains nothing)."""
         return []
 
+    def optimizer_groups(self, learning_rate: float) -> list[dict[str, Any]]:
+        """AdamW parameter groups (``{"params": [...], "lr": float}``) of the trainable parameters at the recipe's
+        ``learning_rate``. Default one group; a family overrides it to give some parameters a rate of their own."""
+        return [{"params": trainable_parameters(self), "lr": learning_rate}]
+
     def compile_for_training(self) -> int:
         """``torch.compile`` each of :meth:`compiled_modules` in place (``nn.Module.compile``: parameter names and
         saved weights unchanged). Returns how many were compiled."""

@@ -117,10 +117,9 @@ class HeadTrainStep:
             compiled = head.compile_for_training()
             logger.info("training.compile: %d module(s) of the %s head compiled with torch.compile%s", compiled,
                         r.head.type, "" if compiled else " (none: its training cost is its matmuls)")
-        params = trainable_parameters(head)
-        if not params:
+        if not trainable_parameters(head):
             raise SpecgraftError(f"the {r.head.type} head has no trainable parameters; check the head recipe")
-        groups: ParamGroups = [{"params": params, "lr": tr.learning_rate}]
+        groups: ParamGroups = head.optimizer_groups(tr.learning_rate)
         family = get_family(r.head.type)
         custom = family.train_step(head, target, r) if family.train_step is not None else None
         if custom is None:

@@ -374,3 +374,64 @@ def test_bad_hass_config(tiny_llama):
         cls.Config(draft_vocab_size=100, hass_topk=101).resolve(target)
     with pytest.raises(SpecgraftError, match="hass_topk_weight"):
         cls.Config(hass_topk=10, hass_topk_weight=float("nan")).resolve(target)
+
+
+def _lm_head_scale_step(folder, scale: float) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], Eagle3Head]:
+    """(parameters before, after one AdamW step of the trainer) of an EAGLE-3 head at ``lm_head_lr_scale``."""
+    import datasets
+
+    from specgraft.config import Recipe, from_dict
+    from specgraft.target import load_target
+    from specgraft.train.trainer import HeadTrainer
+
+    generator = torch.Generator().manual_seed(3)
+    rows = []
+    for prompt, labelled in ((3, 20), (5, 14), (2, 25), (4, 9)):
+        ids = torch.randint(6, 262, (prompt + labelled,), generator=generator).tolist()
+        rows.append({"input_ids": ids, "attention_mask": [1] * len(ids), "loss_mask": [0] * prompt + [1] * labelled})
+    (folder / "corpus.txt").write_text("unused\n")
+    recipe = from_dict(Recipe, {
+        "model": {"name_or_path": str(folder / "target")},
+        "data": {"path": str(folder / "corpus.txt"), "format": "text", "max_length": 64},
+        "head": {"type": "eagle3", "ttt_steps": 2, "draft_vocab_size": 96, "lm_head_lr_scale": scale},
+        "training": {"max_steps": 1, "learning_rate": 1e-2, "warmup_steps": 0, "lr_scheduler": "constant",
+                     "max_grad_norm": 0.0, "micro_batch_size": 4, "checkpoint_every": 100, "seed": 5},
+        "output": {"dir": str(folder / f"out-{scale}"), "overwrite": True},
+        "tracking": {"backend": "none"},
+    })
+    trainer = HeadTrainer(recipe, target=load_target(folder / "target"), dataset=datasets.Dataset.from_list(rows),
+                          show_progress=False)
+    trainer.setup()
+    try:
+        head = trainer.unwrapped().head
+        before = {n: p.detach().clone() for n, p in head.named_parameters()}
+        trainer.train()
+        after = {n: p.detach().clone() for n, p in head.named_parameters()}
+    finally:
+        trainer.cleanup()
+    return before, after, head
+
+
+def test_lm_head_lr_scale_moves_only_the_lm_head_slower_and_zero_freezes_it_at_the_targets_rows(tmp_path):
+    """One AdamW step from the same start: the lm_head's update at scale s is s times the full-rate update (AdamW's
+    step is proportional to the group's rate), every other parameter's update is the full-rate run's; at 0 the
+    lm_head keeps the target's output rows of the draft vocabulary and is not trained at all."""
+    from specgraft.testing import tiny_tokenizer
+
+    tiny_model("llama", seed=1, initializer_range=0.2).save_pretrained(tmp_path / "target")
+    tiny_tokenizer().save_pretrained(tmp_path / "target")
+    runs = {scale: _lm_head_scale_step(tmp_path, scale) for scale in (1.0, 0.25, 0.0)}
+    full_before, full_after, _ = runs[1.0]
+    full_update = {n: full_after[n] - full_before[n] for n in full_before}
+    assert full_update["lm_head.weight"].abs().max() > 5e-3  # ~ lr: the full-rate run does move it
+    for scale in (0.25, 0.0):
+        before, after, head = runs[scale]
+        for name in full_before:
+            torch.testing.assert_close(before[name], full_before[name], rtol=0, atol=0)  # the same start
+            update = after[name] - before[name]
+            expected = full_update[name] * (scale if name == "lm_head.weight" else 1.0)
+            torch.testing.assert_close(update, expected, rtol=1e-4, atol=1e-7, msg=f"{name} at scale {scale}")
+    _, frozen_after, frozen = runs[0.0]
+    assert not frozen.lm_head.weight.requires_grad
+    rows = frozen.target.output_head.weight.index_select(0, frozen.draft_token_ids())
+    torch.testing.assert_close(frozen_after["lm_head.weight"], rows.detach(), rtol=0, atol=0)

@@ -45,6 +45,10 @@ class Eagle3Config:
     exported head's weights and format are the same."""
     hass_topk_weight: float = 1.0
     """Weight of the top-K term when hass_topk > 0 (HASS: 1.0)."""
+    lm_head_lr_scale: float = 1.0
+    """Training only: the draft lm_head's learning rate as a multiple of training.learning_rate. Its rows start from
+    the target's output rows, and AdamW moves every row at about the full rate, those of tokens the data rarely
+    shows included; below 1 keeps more of the target's output space, 0 freezes the lm_head at the target's rows."""
     draft_vocab_heldout_every: int = 20
     """Every n-th training row (5% by default) is left out of the draft-vocabulary counts, and the reported
     draft_vocab_coverage is measured on its loss tokens (coverage on the rows the vocabulary was counted from reads
@@ -57,6 +61,7 @@ class Eagle3Config:
         check_range(f"{path}.loss_decay", self.loss_decay, 0.0, 1.0, low_open=True)
         check_range(f"{path}.hass_topk", self.hass_topk, 0, None)
         check_range(f"{path}.hass_topk_weight", self.hass_topk_weight, 0.0, None)
+        check_range(f"{path}.lm_head_lr_scale", self.lm_head_lr_scale, 0.0, None)
         if self.draft_vocab_size is not None:
             check_positive(f"{path}.draft_vocab_size", self.draft_vocab_size)
         if self.draft_vocab_heldout_every < 0 or self.draft_vocab_heldout_every == 1:

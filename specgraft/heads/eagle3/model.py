@@ -41,7 +41,7 @@ from specgraft.heads.draft_vocab import (
 )
 from specgraft.heads.eagle.model import EagleHeadBase
 from specgraft.heads.eagle3.config import Eagle3Config
-from specgraft.heads.head import HeadLoss, depth_ranks, draft_columns
+from specgraft.heads.head import HeadLoss, depth_ranks, draft_columns, trainable_parameters
 from specgraft.heads.layers import (
     EAGLE_ATTENTION,
     Eagle3MidLayer,
@@ -93,6 +93,8 @@ class Eagle3Head(EagleHeadBase):
         t2d = torch.zeros(v, dtype=torch.bool)
         t2d[:vd] = True
         self.register_buffer("t2d", t2d)
+        if float(config.lm_head_lr_scale) == 0.0:  # frozen at the target's rows: no gradient to compute
+            self.lm_head.requires_grad_(False)
         self.to(device=target.device)
 
     # -- construction ----------------------------------------------------------------------------------------
@@ -144,6 +146,18 @@ class Eagle3Head(EagleHeadBase):
                         "(no held-out rows: expect less on other text)", vd, v,
                         100.0 * facts["draft_vocab_train_coverage"], counted)
         return facts
+
+    def optimizer_groups(self, learning_rate: float) -> list[dict[str, Any]]:
+        """One group at ``learning_rate``, or with ``lm_head_lr_scale`` != 1 the lm_head in a second group at that
+        multiple of it (none when 0: the lm_head is then frozen)."""
+        scale = float(self.config.lm_head_lr_scale)
+        if scale == 1.0:
+            return super().optimizer_groups(learning_rate)
+        output = {id(p) for p in self.lm_head.parameters()}
+        groups = [{"params": [p for p in trainable_parameters(self) if id(p) not in output], "lr": learning_rate}]
+        if scale > 0.0:
+            groups.append({"params": list(self.lm_head.parameters()), "lr": learning_rate * scale})
+        return groups
 
     def compiled_modules(self) -> list[nn.Module]:
         """The midlayer and any further draft layers (``training.compile``)."""
