@@ -495,9 +495,7 @@ def side_by_side(args: argparse.Namespace, label: str, model_dir: Path, split: M
     for variant in [None, *peer_levers]:
         head = PEER if variant is None else f"{PEER}_{variant[0]}"
         peer = train_specforge(args.peers, model_dir, rows_path, head_config, recipe, work, args, run_id, variant)
-        peer_head_config = {**head_config, **{k: v for k, v in (variant[1] if variant else {}).items()
-                                               if k in PEER_DRAFT_KEYS}}
-        peer_dir = import_specforge(Path(peer["checkpoint"]), model_dir, peer_head_config,
+        peer_dir = import_specforge(Path(peer["checkpoint"]), model_dir, {**head_config, **peer["draft_settings"]},
                                     work / "runs" / head / "head")
         peer["forward_max_abs_diff"] = forward_difference(args.peers, Path(peer["checkpoint"]), peer_dir, model_dir,
                                                           work)

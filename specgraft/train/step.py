@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 
 from specgraft.config import Recipe
 from specgraft.errors import SpecgraftError
-from specgraft.heads.base import DraftHead, HeadLoss, head_class, trainable_parameters
+from specgraft.heads.base import DraftHead, HeadLoss, head_class
 from specgraft.heads.registry import get_family
 from specgraft.target import Target, TargetOutput
 
@@ -117,9 +117,9 @@ class HeadTrainStep:
             compiled = head.compile_for_training()
             logger.info("training.compile: %d module(s) of the %s head compiled with torch.compile%s", compiled,
                         r.head.type, "" if compiled else " (none: its training cost is its matmuls)")
-        if not trainable_parameters(head):
-            raise SpecgraftError(f"the {r.head.type} head has no trainable parameters; check the head recipe")
         groups: ParamGroups = head.optimizer_groups(tr.learning_rate)
+        if not any(group["params"] for group in groups):
+            raise SpecgraftError(f"the {r.head.type} head has no trainable parameters; check the head recipe")
         family = get_family(r.head.type)
         custom = family.train_step(head, target, r) if family.train_step is not None else None
         if custom is None:
