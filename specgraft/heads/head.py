@@ -122,6 +122,18 @@ class DraftHead(nn.Module):
         (norms, rotary, gated MLP) fuse. Default none (a family whose training cost is its matmuls gains nothing)."""
         return []
 
+    def wants_target_sample(self) -> bool:
+        """Whether :meth:`prepare_from_target` needs the target's hidden states on a few training rows before
+        training. Default no."""
+        return False
+
+    def prepare_from_target(self, hidden_states: dict[int, torch.Tensor], mask: torch.Tensor, *,
+                            warm_started: bool = False) -> dict[str, Any]:
+        """Data-dependent set-up from the target's hidden states (``required_layers``, [B, T, h]) on a few training
+        rows, ``mask`` [B, T] their real tokens; called before training when :meth:`wants_target_sample`. Returns
+        facts worth logging. Default nothing."""
+        return {}
+
     def optimizer_groups(self, learning_rate: float) -> list[dict[str, Any]]:
         """AdamW parameter groups (``{"params": [...], "lr": float}``) of the trainable parameters at the recipe's
         ``learning_rate``. Default one group; a family overrides it to give some parameters a rate of their own."""

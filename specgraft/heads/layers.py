@@ -418,3 +418,64 @@ class Eagle3MidLayer(nn.Module):
         else:
             hidden = self.mlp(self.post_attention_layernorm(hidden))
         return residual + hidden
+
+
+# -- input preconditioning -------------------------------------------------------------------------------------
+class InputScaledLinear(nn.Linear):
+    """A Linear that may multiply its input by a fixed per-feature scale while it trains, folded into ``weight``
+    wherever the weights leave the module.
+
+    Training ``y = W' (x * s)`` instead of ``y = W x`` is the same function with ``W = W' * s`` (columns scaled),
+    but AdamW moves every entry of ``W'`` at about the learning rate, so each input feature reaches the output at
+    a speed proportional to its scaled size: with ``s`` about 1 / the typical size of each feature, features of
+    very different sizes (a target's shallow and deep hidden states, or their outlier dimensions) learn at the same
+    speed. ``state_dict`` holds the folded ``W`` and ``load_state_dict`` takes a folded ``W`` (unfolding it with the
+    current scale), so saved heads, checkpoints and every export are plain Linear weights. Scales are powers of
+    two, which makes folding and unfolding exact: a resumed run is bitwise the uninterrupted one.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        # [in_features] power-of-two input multiplier while training; None: a plain Linear (never saved).
+        self.register_buffer("input_scale", None, persistent=False)
+        self.register_state_dict_post_hook(_fold_input_scale)
+        self.register_load_state_dict_post_hook(_unfold_input_scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_scale is None:
+            return super().forward(x)
+        return F.linear(x * self.input_scale, self.weight, self.bias)
+
+    @torch.no_grad()
+    def set_input_scale(self, scale: torch.Tensor | None, *, keep_function: bool) -> None:
+        """Scale the input by ``scale`` [in_features] (powers of two) from now on; None: back to a plain Linear.
+        ``keep_function``: re-express the current weight so that the layer computes the same function (a
+        warm-started or loaded weight); else the weight stays as it is (a fresh initialisation, which then applies
+        to the scaled input)."""
+        if scale is not None:
+            scale = scale.to(device=self.weight.device, dtype=self.weight.dtype)
+            if tuple(scale.shape) != (self.in_features,):
+                raise ValueError(f"input scale of shape {tuple(scale.shape)} for {self.in_features} input features")
+            exponent = torch.log2(scale)
+            if not torch.equal(exponent, exponent.round()):
+                raise ValueError("input scales must be powers of two (folding them into the weight is then exact)")
+        if keep_function:
+            folded = self.weight if self.input_scale is None else self.weight * self.input_scale
+            self.weight.copy_(folded if scale is None else folded / scale)
+        self.input_scale = scale
+
+
+def _fold_input_scale(module: InputScaledLinear, state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    if module.input_scale is not None and prefix + "weight" in state:
+        state[prefix + "weight"] = state[prefix + "weight"] * module.input_scale
+
+
+def _unfold_input_scale(module: InputScaledLinear, incompatible_keys: Any) -> None:
+    if module.input_scale is not None:
+        with torch.no_grad():
+            module.weight.div_(module.input_scale)
+
+
+def power_of_two_scale(typical_size: torch.Tensor) -> torch.Tensor:
+    """``2 ** -round(log2(size))``: the power of two nearest to ``1 / size`` (sizes clamped away from 0)."""
+    return torch.exp2(-torch.log2(typical_size.float().clamp_min(1e-6)).round())

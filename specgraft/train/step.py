@@ -110,6 +110,9 @@ class HeadTrainStep:
         # A warm-started head keeps its draft vocabulary (its output rows were trained for it): the facts then say
         # how well that vocabulary covers the new data.
         facts = {**(head.prepare_from_data(counts, heldout, keep_vocabulary=bool(init_from)) or {}), **facts}
+        if head.wants_target_sample():
+            hidden, mask = sample_hidden_states(trainer.dataset, target, head.required_layers())
+            facts.update(head.prepare_from_target(hidden, mask, warm_started=bool(init_from)))
         trainer.data_facts.update(facts)
         for key, value in facts.items():
             logger.info("%s: %s", key, value)
@@ -183,6 +186,28 @@ def loss_token_counts(dataset: Any, vocab_size: int, heldout_every: int = 0
         return token_frequencies(dataset, vocab_size, only_loss_tokens=True), None
     return (token_frequencies(dataset.select(counted), vocab_size, only_loss_tokens=True),
             token_frequencies(dataset.select(held), vocab_size, only_loss_tokens=True))
+
+
+#: Training rows a head's :meth:`~DraftHead.prepare_from_target` sees (the first ones: every process the same).
+TARGET_SAMPLE_ROWS = 8
+
+
+@torch.no_grad()
+def sample_hidden_states(dataset: Any, target: Target, layers: tuple[int, ...], rows: int = TARGET_SAMPLE_ROWS
+                         ) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """The target's hidden states at ``layers`` ({layer: [B, T, h]}) on the first ``rows`` training rows, and
+    their real-token mask [B, T]."""
+    from specgraft.data import pad_collate
+    from specgraft.data.collate import pad_token_id
+
+    count = min(rows, len(dataset))
+    sample = dataset.select(range(count)) if hasattr(dataset, "select") else [dataset[i] for i in range(count)]
+    batch = pad_collate([{k: v for k, v in row.items() if k in ("input_ids", "loss_mask", "attention_mask")}
+                         for row in sample], pad_token_id(target.tokenizer))
+    input_ids = batch["input_ids"].to(target.device)
+    attention_mask = batch["attention_mask"].to(target.device)
+    out = target(input_ids, attention_mask, layers=tuple(layers), logits=False)
+    return out.hidden_states, attention_mask
 
 
 def collate_tokens(features: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:

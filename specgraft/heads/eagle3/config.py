@@ -15,6 +15,10 @@ from specgraft.utils.checks import MAX_LAYER_INDEX, check_positive, check_range
 logger = logging.getLogger(__name__)
 
 
+#: ``head.feature_scaling`` values: raw features, one scale per fused layer, one per hidden dimension.
+FEATURE_SCALINGS = ("none", "layer", "dim")
+
+
 @dataclass
 class Eagle3Config:
     """Hyper-parameters of an EAGLE-3 head."""
@@ -49,6 +53,13 @@ class Eagle3Config:
     """Training only: the draft lm_head's learning rate as a multiple of training.learning_rate. Its rows start from
     the target's output rows, and AdamW moves every row at about the full rate, those of tokens the data rarely
     shows included; below 1 keeps more of the target's output space, 0 freezes the lm_head at the target's rows."""
+    feature_scaling: str = "none"
+    """Training only: ``layer`` multiplies each fused target layer's hidden state, before fc, by the power of two
+    nearest to 1 / its typical size (the median per-token RMS over a few training rows), ``dim`` each hidden
+    dimension by 1 / its typical size (the root of its median square), ``none`` feeds them raw. A target's deep
+    layers are many times larger than its shallow ones, so raw, AdamW learns the deep layers' share of fc first;
+    scaled, every layer (or dimension) learns at the same speed. The scale is folded into fc's saved weight: the
+    trained head, its checkpoints and exports are ordinary EAGLE-3 weights."""
     draft_vocab_heldout_every: int = 20
     """Every n-th training row (5% by default) is left out of the draft-vocabulary counts, and the reported
     draft_vocab_coverage is measured on its loss tokens (coverage on the rows the vocabulary was counted from reads
@@ -62,6 +73,9 @@ class Eagle3Config:
         check_range(f"{path}.hass_topk", self.hass_topk, 0, None)
         check_range(f"{path}.hass_topk_weight", self.hass_topk_weight, 0.0, None)
         check_range(f"{path}.lm_head_lr_scale", self.lm_head_lr_scale, 0.0, None)
+        if self.feature_scaling not in FEATURE_SCALINGS:
+            raise ConfigError(f"{path}.feature_scaling is {self.feature_scaling!r}; use one of "
+                              f"{', '.join(FEATURE_SCALINGS)}")
         if self.draft_vocab_size is not None:
             check_positive(f"{path}.draft_vocab_size", self.draft_vocab_size)
         if self.draft_vocab_heldout_every < 0 or self.draft_vocab_heldout_every == 1:
@@ -102,3 +116,6 @@ class Eagle3Config:
         if not 0.0 < float(self.loss_decay) <= 1.0:
             raise SpecgraftError(f"eagle3 loss_decay must be in (0, 1], got {self.loss_decay}; e.g. 0.8")
         check_hass_topk("eagle3", self.hass_topk, self.hass_topk_weight, self.draft_vocab_size)
+        if self.feature_scaling not in FEATURE_SCALINGS:
+            raise SpecgraftError(f"eagle3 feature_scaling must be one of {', '.join(FEATURE_SCALINGS)}, got "
+                                 f"{self.feature_scaling!r}; set head.feature_scaling")

@@ -45,10 +45,12 @@ from specgraft.heads.head import HeadLoss, depth_ranks, draft_columns, trainable
 from specgraft.heads.layers import (
     EAGLE_ATTENTION,
     Eagle3MidLayer,
+    InputScaledLinear,
     TTTKeys,
     build_decoder_layer,
     causal_additive_mask,
     draft_layer_config,
+    power_of_two_scale,
     register_eagle_attention,
 )
 from specgraft.heads.losses import (
@@ -80,7 +82,8 @@ class Eagle3Head(EagleHeadBase):
         register_eagle_attention()
         h = target.hidden_size
         self.draft_config = draft_layer_config(target, config.num_layers, attn_implementation=EAGLE_ATTENTION)
-        self.fc = nn.Linear(len(config.feature_layers) * h, h, bias=config.fc_bias)
+        # head.feature_scaling: the fused features scaled while training, folded into the saved weight
+        self.fc = InputScaledLinear(len(config.feature_layers) * h, h, bias=config.fc_bias)
         self.midlayer = Eagle3MidLayer(build_decoder_layer(target, self.draft_config, 0), h)
         self.layers = nn.ModuleList(build_decoder_layer(target, self.draft_config, i)
                                     for i in range(1, config.num_layers))
@@ -146,6 +149,37 @@ class Eagle3Head(EagleHeadBase):
                         "(no held-out rows: expect less on other text)", vd, v,
                         100.0 * facts["draft_vocab_train_coverage"], counted)
         return facts
+
+    def wants_target_sample(self) -> bool:
+        """``head.feature_scaling`` sizes fc's input scale from the target's hidden states."""
+        return self.config.feature_scaling != "none"
+
+    @torch.no_grad()
+    def prepare_from_target(self, hidden_states: dict[int, torch.Tensor], mask: torch.Tensor, *,
+                            warm_started: bool = False) -> dict[str, Any]:
+        """Set fc's input scale (``head.feature_scaling``) from the target's hidden states [B, T, h] on a few
+        training rows (``mask`` [B, T]: real tokens). A warm-started fc keeps computing the same function; a fresh
+        one's random initialisation applies to the scaled features. Returns the log2 scales per fused layer."""
+        mode = self.config.feature_scaling
+        if mode == "none":
+            return {}
+        real = mask.bool()
+        scales, exponents = [], {}
+        for layer in self.config.feature_layers:
+            tokens = hidden_states[int(layer)][real].float()  # [N, h]
+            if mode == "layer":
+                typical = tokens.pow(2).mean(-1).sqrt().median().expand(tokens.shape[-1])
+            else:  # dim
+                typical = tokens.pow(2).median(0).values.sqrt()
+            scale = power_of_two_scale(typical)
+            scales.append(scale)
+            log2 = torch.log2(scale).to(torch.int64)
+            exponents[str(int(layer))] = (int(log2[0]) if mode == "layer"
+                                          else [int(log2.min()), int(log2.max())])
+        self.fc.set_input_scale(torch.cat(scales), keep_function=warm_started)
+        logger.info("EAGLE-3 feature_scaling=%s: log2 of the fc input scale per fused layer %s (from %d tokens)",
+                    mode, exponents, int(real.sum()))
+        return {"feature_scale_log2": exponents}
 
     def optimizer_groups(self, learning_rate: float) -> list[dict[str, Any]]:
         """One group at ``learning_rate``, or with ``lm_head_lr_scale`` != 1 the lm_head in a second group at that
