@@ -5,7 +5,8 @@
    ``{input_ids, loss_mask}`` JSONL; both trainers train on exactly these rows.
 2. SpecForge (installed by ``../shared/peers``' ``install_needed.sh`` into ``PEERS/specforge/venv``): its feature
    files from the rows (``specforge/prep_offline.py``, fp32: this CPU runs bf16 GEMMs several times slower), then
-   ``specforge/train_cpu.py`` (the official ``specforge train`` on CPU) with ``--steps`` x ``--micro-batch`` rows,
+   ``specforge/train_cpu.py`` (the official ``specforge train`` on CPU) with ``--steps`` x ``--micro-batch`` rows
+   (as many epochs as that takes: SpecForge stops after ``num_epochs``, default 1, even before ``max_steps``),
    ``ttt_length`` = the recipe's ``ttt_steps``, the recipe's learning rate, warmup share and gradient clipping, the
    same fused target layers and draft vocabulary size (each trainer picks its draft tokens from the rows' loss
    tokens). Its checkpoint (SGLang's EAGLE-3 layout) is read into a specgraft EAGLE-3 head through the ``sglang``
@@ -273,13 +274,17 @@ def train_specforge(peers: Path, model_dir: Path, rows: Path, head_config: Mappi
                                          indent=1), encoding="utf-8")
     out_dir = run_dir / "out"
     training = recipe.training
+    epochs = peer_epochs(rows, args.steps, args.micro_batch)
     config = {
         "model": {"target_model_path": str(sf_target), "torch_dtype": "float32",
                   "draft_model_config": str(draft_json), "aux_hidden_state_layer_ids": layers},
         # cache_dir: where SpecForge keeps the draft-vocabulary map it counts from the features' loss tokens
         "data": {"hidden_states_path": str(features), "max_length": int(recipe.data.max_length),
                  "dataloader_num_workers": 0, "cache_dir": str(vocab_cache)},
+        # SpecForge trains num_epochs (default 1) and stops there even before max_steps: enough epochs that the
+        # step budget is what stops it, as it stops specgraft
         "training": {"strategy": "eagle3", "fsdp_sharding": "NO_SHARD", "max_steps": args.steps,
+                     "num_epochs": epochs,
                      "batch_size": args.micro_batch, "learning_rate": float(training.learning_rate),
                      # the recipe's warmup steps as a share; SpecForge's cosine needs a step after the warmup
                      "warmup_ratio": min(training.warmup_steps, args.steps - 1) / args.steps,
@@ -305,6 +310,10 @@ def train_specforge(peers: Path, model_dir: Path, rows: Path, head_config: Mappi
     states = sorted(out_dir.glob("*-step*/training_state.pt"), key=lambda p: p.stat().st_mtime)
     if not states:
         sys.exit(f"error: SpecForge wrote no checkpoint under {out_dir}; see {run_dir / 'train.log'}")
+    trained_steps = int(states[-1].parent.name.rsplit("-step", 1)[1])
+    if trained_steps != args.steps:
+        sys.exit(f"error: SpecForge stopped at step {trained_steps}, not the budget's {args.steps}; see "
+                 f"{run_dir / 'train.log'}")
     exported = run_dir / "sglang"
     if not (exported / "model.safetensors").is_file():  # its own `specforge export --to sglang`
         timed_child([str(python), "-c", "import sys; from specforge import cli; sys.exit(cli.main(sys.argv[1:]))",
@@ -315,6 +324,17 @@ def train_specforge(peers: Path, model_dir: Path, rows: Path, head_config: Mappi
     facts["config"] = config
     facts["draft_settings"] = draft_settings
     return facts
+
+
+def peer_epochs(rows: Path, steps: int, micro_batch: int) -> int:
+    """SpecForge's ``num_epochs`` for ``steps`` optimizer steps of ``micro_batch`` rows over the rows file: its
+    loader drops an epoch's last partial batch, so an epoch is ``rows // micro_batch`` steps."""
+    with rows.open(encoding="utf-8") as handle:
+        count = sum(1 for line in handle if line.strip())
+    per_epoch = count // micro_batch
+    if per_epoch == 0:
+        sys.exit(f"error: {count} training rows make no batch of {micro_batch}; lower --micro-batch")
+    return -(-steps // per_epoch)
 
 
 def import_specforge(checkpoint: Path, model_dir: Path, head_config: Mapping[str, Any], dest: Path) -> Path:

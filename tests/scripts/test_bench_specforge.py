@@ -197,3 +197,14 @@ def test_a_decode_is_reused_only_for_the_same_head_files_prompts_and_settings(tm
     (head / "head.safetensors").write_bytes(b"weights")
     prompts.write_text('{"prompt": "q"}\n')
     assert stories.kept_decode(out, stories.decode_key(head, prompts, "tree", args)) is None
+
+
+def test_specforge_trains_as_many_epochs_as_the_step_budget_takes(tmp_path):
+    """SpecForge stops after num_epochs (default 1) even before max_steps, and drops each epoch's last partial
+    batch: 253 rows of 4 are 63 steps an epoch, so 100 steps take 2 epochs and 300 take 5 (one epoch would stop
+    the peer at step 63, a third of specgraft's 300)."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"input_ids": [1, 2], "loss_mask": [0, 1]}) + "\n" for _ in range(253)))
+    assert [specforge.peer_epochs(rows, steps, 4) for steps in (63, 64, 100, 300)] == [1, 2, 2, 5]
+    with pytest.raises(SystemExit, match="no batch of 512"):
+        specforge.peer_epochs(rows, 100, 512)
