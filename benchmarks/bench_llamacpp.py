@@ -248,14 +248,18 @@ def summarize(rows: list[dict[str, Any]], plain: dict[str, Any] | None) -> dict[
     }
     if plain is not None and plain.get("tokens_per_s") and out["tokens_per_s"]:
         out["speedup"] = round(out["tokens_per_s"] / plain["tokens_per_s"], 3)
-        out["cpu_ratio"] = round(plain["cpu_ms_per_token"] / out["cpu_ms_per_token"], 3)
+        # CPU time comes in clock ticks (10 ms): a short run can read 0, and then has no CPU ratio
+        cpu_measured = bool(out["cpu_ms_per_token"]) and bool(plain.get("cpu_ms_per_token"))
+        out["cpu_ratio"] = (round(plain["cpu_ms_per_token"] / out["cpu_ms_per_token"], 3) if cpu_measured
+                            else None)
         if tokens > accepted:
             # Speedup = tau x plain ms/token / ms per target forward (draft included): 1 at this tau.
             forward_ms = decode_ms / (tokens - accepted)
             cpu_forward_ms = 1000 * cpu_s / (tokens - accepted)
             out["forward_ms"] = round(forward_ms, 3)
             out["break_even_tau"] = round(forward_ms / (1000 / plain["tokens_per_s"]), 3)
-            out["break_even_tau_cpu"] = round(cpu_forward_ms / plain["cpu_ms_per_token"], 3)
+            out["break_even_tau_cpu"] = (round(cpu_forward_ms / plain["cpu_ms_per_token"], 3) if cpu_measured
+                                         else None)
     return out
 
 
@@ -495,8 +499,10 @@ def main() -> int:
           f"{'break-even':>10}  accept/pos  identical")
     for name, r in results.items():
         even = f"{r['break_even_tau']:.2f}" if r.get("break_even_tau") is not None else "-"
+        cpu_ratio = r.get("cpu_ratio", 1.0)
+        cpu_ratio = f"{cpu_ratio:.2f}" if cpu_ratio is not None else "-"
         print(f"{name:<22} {r['tokens_per_s'] or 0:>7.1f} {r.get('speedup', 1.0):>8.2f} "
-              f"{r['cpu_ms_per_token'] or 0:>10.2f} {r.get('cpu_ratio', 1.0):>9.2f} {r['tau'] or 1.0:>6.2f} "
+              f"{r['cpu_ms_per_token'] or 0:>10.2f} {cpu_ratio:>9} {r['tau'] or 1.0:>6.2f} "
               f"{even:>10}  {r['acceptance_per_position']}  {r['identical_to_plain']}")
     for cost in costs:
         print(f"{cost['target']} {cost['draft']}: ms per forward = {cost.get('forward_ms_fixed')} + "

@@ -97,3 +97,16 @@ def test_plot_writes_a_png(tmp_path):
     path = bench.plot(configs, results, tmp_path / "llamacpp.png", "synthetic")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["llamacpp.png"]
+
+
+def test_a_run_too_short_to_read_cpu_time_has_no_cpu_ratio_instead_of_failing():
+    """CPU time comes in 10 ms clock ticks: a tiny model's short run can read 0 (it once failed CI with a division
+    by zero); its speedup and tau are still reported."""
+    row = {"tokens": 40, "decode_ms": 8.0, "cpu_s": 0.0, "steps": 20, "accepted": 20, "drafted": 40,
+           "accepted_per_pos": [20]}
+    plain = {"tokens": 80, "decode_s": 0.014, "tokens_per_s": 5791.23, "cpu_ms_per_token": 0.375}
+    out = bench.summarize([row], plain)
+    assert out["cpu_ratio"] is None and out["break_even_tau_cpu"] is None
+    assert out["speedup"] == round(5000.0 / 5791.23, 3) and out["tau"] == 2.0
+    measured = bench.summarize([{**row, "cpu_s": 0.01}], plain)
+    assert measured["cpu_ratio"] == round(0.375 / 0.25, 3)
