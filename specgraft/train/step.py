@@ -197,13 +197,11 @@ def sample_hidden_states(dataset: Any, target: Target, layers: tuple[int, ...], 
                          ) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
     """The target's hidden states at ``layers`` ({layer: [B, T, h]}) on the first ``rows`` training rows, and
     their real-token mask [B, T]."""
-    from specgraft.data import pad_collate
     from specgraft.data.collate import pad_token_id
 
     count = min(rows, len(dataset))
     sample = dataset.select(range(count)) if hasattr(dataset, "select") else [dataset[i] for i in range(count)]
-    batch = pad_collate([{k: v for k, v in row.items() if k in ("input_ids", "loss_mask", "attention_mask")}
-                         for row in sample], pad_token_id(target.tokenizer))
+    batch = collate_tokens(list(sample), pad_token_id(target.tokenizer))
     input_ids = batch["input_ids"].to(target.device)
     attention_mask = batch["attention_mask"].to(target.device)
     out = target(input_ids, attention_mask, layers=tuple(layers), logits=False)
