@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -88,13 +89,17 @@ def check_budget(args: argparse.Namespace) -> None:
             raise SystemExit(2)
 
 
+#: Commas between overrides, not those inside a bracketed list value.
+OVERRIDE_SEPARATOR = re.compile(r",(?![^\[]*\])")
+
+
 def parse_levers(items: list[str], flag: str = "--lever") -> list[tuple[str, list[str]]]:
-    """``NAME:key=value,key=value`` -> (name, overrides); one ``error:`` line (status 2, naming ``flag``) for a
-    malformed item."""
+    """``NAME:key=value,key=value`` -> (name, overrides); a value may be a bracketed list (``key=[1,2,3]``); one
+    ``error:`` line (status 2, naming ``flag``) for a malformed item."""
     out = []
     for item in items:
         name, sep, rest = item.partition(":")
-        overrides = [o for o in rest.split(",") if o]
+        overrides = [o for o in OVERRIDE_SEPARATOR.split(rest) if o]
         if not sep or not name.isidentifier() or name in (BASELINE, PEER) or name.startswith(f"{PEER}_") or \
                 not overrides or any("=" not in o for o in overrides):
             print(f"error: {flag} {item!r} must be NAME:key=value[,key=value] (NAME an identifier other than "

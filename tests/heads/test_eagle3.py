@@ -9,7 +9,7 @@ from transformers import DynamicCache
 
 from specgraft.errors import SpecgraftError
 from specgraft.heads import head_class, load_head
-from specgraft.heads.eagle3.model import Eagle3Head, eagle3_ttt_loss
+from specgraft.heads.eagle3.model import Eagle3Head, eagle3_feature_loss, eagle3_ttt_loss
 from specgraft.heads.layers import causal_additive_mask
 from specgraft.target import Target, TargetOutput
 from specgraft.testing import tiny_model
@@ -52,11 +52,13 @@ def _ttt_loss_problem(seed: int, bsz: int, seq_len: int, vocab: int, steps: int,
     return d2t, t2d, target_logits, step_logits, loss_mask
 
 
-def test_ttt_loss_matches_direct_reference():
+@pytest.mark.parametrize("temperature", [1.0, 0.5])  # the target's distribution, and sharpened (target_temperature)
+def test_ttt_loss_matches_direct_reference(temperature):
     bsz, seq_len, vocab, steps = 2, 7, 10, 3
     chosen = [0, 2, 3, 5, 8, 9]  # draft vocab = these target ids
     d2t, t2d, target_logits, step_logits, loss_mask = _ttt_loss_problem(0, bsz, seq_len, vocab, steps, chosen)
-    loss, per_step = eagle3_ttt_loss(step_logits, target_logits, loss_mask, d2t, t2d, decay=0.8)
+    loss, per_step = eagle3_ttt_loss(step_logits, target_logits, loss_mask, d2t, t2d, decay=0.8,
+                                     temperature=temperature)
     total = 0.0
     for s in range(steps):
         ces = []
@@ -65,12 +67,77 @@ def test_ttt_loss_matches_direct_reference():
                 tok, pos = i + s + 2, i + s + 1  # predicted token, target position that predicts it
                 if tok >= seq_len or not loss_mask[b, tok] or int(target_logits[b, pos].argmax()) not in chosen:
                     continue
-                p = torch.softmax(target_logits[b, pos, chosen].double(), -1)
+                p = torch.softmax(target_logits[b, pos, chosen].double() / temperature, -1)
                 ces.append(float(-(p * torch.log_softmax(step_logits[s][b, i].double(), -1)).sum()))
         ref = sum(ces) / len(ces) if ces else 0.0
         assert per_step[s].item() == pytest.approx(ref, rel=1e-5)
         total += 0.8**s * ref
     assert loss.item() == pytest.approx(total, rel=1e-5)
+
+
+def test_feature_loss_matches_direct_reference():
+    """F_s: step s's output at i against the fused feature at i+s+1, relative squared error over real pairs."""
+    g = torch.Generator().manual_seed(3)
+    bsz, seq_len, h, steps = 2, 6, 4, 3
+    outputs = [torch.randn(bsz, seq_len, h, generator=g) for _ in range(steps)]
+    fused = torch.randn(bsz, seq_len, h, generator=g)
+    real = torch.ones(bsz, seq_len, dtype=torch.long)
+    real[1, -2:] = 0
+    loss, per_step = eagle3_feature_loss(outputs, fused, real, decay=0.5)
+    assert len(per_step) == steps - 1  # the last step's output feeds no training step
+    total = 0.0
+    for s in range(steps - 1):
+        errors = [float((outputs[s][b, i] - fused[b, i + s + 1]).double().pow(2).sum()
+                        / fused[b, i + s + 1].double().pow(2).sum())
+                  for b in range(bsz) for i in range(seq_len - s - 1) if real[b, i] and real[b, i + s + 1]]
+        assert per_step[s].item() == pytest.approx(sum(errors) / len(errors), rel=1e-5)
+        total += 0.5**s * sum(errors) / len(errors)
+    assert loss.item() == pytest.approx(total, rel=1e-5)
+    assert eagle3_feature_loss(outputs[:1], fused, real)[0].item() == 0.0  # S = 1: nothing to align
+
+
+@pytest.mark.parametrize("draft_vocab_size", [150, None])
+def test_aligned_training_loss_and_gradients_equal_the_reference(tiny_llama, monkeypatch, draft_vocab_size):
+    """target_temperature and feature_loss_weight: the chunked fast path gives the reference loss
+    (eagle3_ttt_loss at the temperature + weight * eagle3_feature_loss), its per-step metrics and its gradients."""
+    import specgraft.heads.losses as losses
+
+    monkeypatch.setattr(losses, "LOGITS_CHUNK_ELEMENTS", 5 * 150)
+    target = Target(tiny_llama)
+    head = _head(target, counts=_counts(target.vocab_size), ttt_steps=3, draft_vocab_size=draft_vocab_size,
+                 target_temperature=0.5, feature_loss_weight=0.7).eval()
+    batch = _batch()
+    out = target(batch["input_ids"], batch["attention_mask"], layers=head.required_layers(), logits=True)
+    params = [p for p in head.parameters() if p.requires_grad]
+    got = head.training_loss(batch, out)
+    got_grads = torch.autograd.grad(got.loss, params)
+    outputs = head.ttt_outputs(batch, out)
+    soft, per_step = eagle3_ttt_loss([head.lm_head(head.norm(o)) for o in outputs], out.logits, batch["loss_mask"],
+                                     head.d2t, head.t2d, decay=0.8, temperature=0.5)
+    feature, per_feature = eagle3_feature_loss(outputs, head.input_features(out.hidden_states),
+                                               batch["attention_mask"], decay=0.8)
+    ref = soft + 0.7 * feature
+    ref_grads = torch.autograd.grad(ref, params)
+    torch.testing.assert_close(got.loss, ref, rtol=1e-5, atol=1e-6)
+    for name, g, r in zip([n for n, p in head.named_parameters() if p.requires_grad], got_grads, ref_grads):
+        # fp32 sums in another order: the rounding follows the gradient's size (fc's reaches ~1e2 at init)
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6 * max(1.0, float(r.abs().max())), msg=name)
+    for s in range(3):
+        assert got.metrics[f"loss/step{s}"].item() == pytest.approx(per_step[s].item(), rel=1e-5)
+    for s in range(2):
+        assert got.metrics[f"loss/feature/step{s}"].item() == pytest.approx(per_feature[s].item(), rel=1e-5)
+    assert feature.item() > 0.0 and "loss/feature/step2" not in got.metrics
+    # Training only: the same weights and layout as a plain head's.
+    assert head.state_dict().keys() == _head(target, draft_vocab_size=draft_vocab_size).state_dict().keys()
+
+
+def test_bad_alignment_config(tiny_llama):
+    target = Target(tiny_llama)
+    cls = head_class("eagle3")
+    with pytest.raises(SpecgraftError, match="target_temperature"):
+        cls.Config(target_temperature=0.0).resolve(target)
+    with pytest.raises(SpecgraftError, match="feature_loss_weight"):
+        cls.Config(feature_loss_weight=-1.0).resolve(target)
 
 
 def test_training_time_test_equals_sequential_decoding(tiny_arch):

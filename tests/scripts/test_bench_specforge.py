@@ -31,6 +31,9 @@ smol = load_script("bench_specforge_smollm2")
 def test_levers_are_named_override_lists():
     got = specforge.parse_levers(["ttt5:head.ttt_steps=5", "both:head.loss_decay=1.0,training.learning_rate=6e-3"])
     assert got == [("ttt5", ["head.ttt_steps=5"]), ("both", ["head.loss_decay=1.0", "training.learning_rate=6e-3"])]
+    # a bracketed list keeps its commas
+    got = specforge.parse_levers(["layers:head.feature_layers=[2,4,5],training.adam_betas=[0.9,0.95]"])
+    assert got == [("layers", ["head.feature_layers=[2,4,5]", "training.adam_betas=[0.9,0.95]"])]
 
 
 @pytest.mark.parametrize("item", ["head.ttt_steps=5", "ttt5:", "ttt5:head.ttt_steps", "specforge:head.ttt_steps=5",

@@ -30,7 +30,7 @@ from specgraft.testing import run_torchrun
 ROW_SHAPES: tuple[tuple[int, int], ...] = ((3, 4), (5, 21), (2, 6), (7, 30), (4, 9), (2, 3), (6, 25), (3, 12))
 #: Families trained through HeadTrainer (medusa2: Medusa heads + a LoRA adapter on the target; *_hass: the EAGLE heads
 #: with HASS's alignment passes and top-K distillation term).
-HEAD_FAMILIES = ("medusa", "eagle", "eagle3", "medusa2", "dflash", "eagle_hass", "eagle3_hass")
+HEAD_FAMILIES = ("medusa", "eagle", "eagle3", "medusa2", "dflash", "eagle_hass", "eagle3_hass", "eagle3_aligned")
 FAMILIES = (*HEAD_FAMILIES, "distill")
 #: fp32 rounding of the same sums taken in another order (per micro-batch, per process).
 TOLERANCE = 2e-6
@@ -54,6 +54,9 @@ HEAD_SECTIONS: dict[str, dict[str, Any]] = {
     "distill": {"distill": {"keep_every_k_layers": 2, "loss": "fkl", "alpha_eval_every": 100}},
     "eagle_hass": {"head": {"type": "eagle", "feature_noise": 0.0, "ttt_steps": 3, "hass_topk": 10}},
     "eagle3_hass": {"head": {"type": "eagle3", "ttt_steps": 2, "draft_vocab_size": 96, "hass_topk": 10}},
+    # EAGLE-3's feature-alignment term (its own item counts: real tokens) and sharpened soft targets.
+    "eagle3_aligned": {"head": {"type": "eagle3", "ttt_steps": 3, "draft_vocab_size": 96,
+                                "feature_loss_weight": 1.0, "target_temperature": 0.5}},
 }
 
 
@@ -172,7 +175,7 @@ def test_accumulation_is_the_same_step_as_one_big_micro_batch(family, folder, mo
     assert old_split_logs["loss"] != pytest.approx(whole_logs["loss"], rel=1e-6)
 
 
-@pytest.mark.parametrize("family", ["medusa", "eagle", "eagle3", "eagle_hass", "eagle3_hass"])
+@pytest.mark.parametrize("family", ["medusa", "eagle", "eagle3", "eagle_hass", "eagle3_hass", "eagle3_aligned"])
 def test_micro_batch_losses_with_global_counts_sum_to_the_whole_batch_loss(family, folder):
     """The head-level contract: training_loss(part, num_items=counts of the whole batch), summed over the parts,
     is training_loss(whole batch) (value and gradient); the per-part means are not."""

@@ -49,6 +49,18 @@ class Eagle3Config:
     exported head's weights and format are the same."""
     hass_topk_weight: float = 1.0
     """Weight of the top-K term when hass_topk > 0 (HASS: 1.0)."""
+    target_temperature: float = 1.0
+    """Training only: the soft targets are the target's distribution at this temperature, ``softmax(logits / T)``
+    (restricted to the draft vocabulary; HASS's top-K term uses the same). Below 1 sharpens it toward the target's
+    top-1, the token greedy verification accepts, so a small budget is spent less on the ranking of the tail; 1 is
+    EAGLE-3's loss."""
+    feature_loss_weight: float = 0.0
+    """Training only: weight of a feature-alignment term. Training-time-test step s >= 1 drafts from step s-1's
+    output where step 0 drafts from fc's fused target features; this term pulls step s's output at index i toward
+    fc's output on the target's features at position i+s+1 (held fixed), as a squared error relative to that
+    feature's size, averaged over real tokens and weighted loss_decay**s like the cross-entropy (steps 0..S-2). The
+    draft then feeds itself inputs like the ones it was trained on from the target (EAGLE-1's feature regression,
+    on EAGLE-3's recurrence). 0 is EAGLE-3's loss."""
     lm_head_lr_scale: float = 1.0
     """Training only: the draft lm_head's learning rate as a multiple of training.learning_rate. Its rows start from
     the target's output rows, and AdamW moves every row at about the full rate, those of tokens the data rarely
@@ -72,6 +84,8 @@ class Eagle3Config:
         check_range(f"{path}.loss_decay", self.loss_decay, 0.0, 1.0, low_open=True)
         check_range(f"{path}.hass_topk", self.hass_topk, 0, None)
         check_range(f"{path}.hass_topk_weight", self.hass_topk_weight, 0.0, None)
+        check_range(f"{path}.target_temperature", self.target_temperature, 0.0, None, low_open=True)
+        check_range(f"{path}.feature_loss_weight", self.feature_loss_weight, 0.0, None)
         check_range(f"{path}.lm_head_lr_scale", self.lm_head_lr_scale, 0.0, None)
         if self.feature_scaling not in FEATURE_SCALINGS:
             raise ConfigError(f"{path}.feature_scaling is {self.feature_scaling!r}; use one of "
@@ -116,6 +130,12 @@ class Eagle3Config:
         if not 0.0 < float(self.loss_decay) <= 1.0:
             raise SpecgraftError(f"eagle3 loss_decay must be in (0, 1], got {self.loss_decay}; e.g. 0.8")
         check_hass_topk("eagle3", self.hass_topk, self.hass_topk_weight, self.draft_vocab_size)
+        if not 0.0 < float(self.target_temperature) < float("inf"):
+            raise SpecgraftError(f"eagle3 target_temperature must be a positive number, got "
+                                 f"{self.target_temperature}; e.g. 0.5, or 1 for the target's own distribution")
+        if not 0.0 <= float(self.feature_loss_weight) < float("inf"):
+            raise SpecgraftError(f"eagle3 feature_loss_weight must be 0 (off) or positive, got "
+                                 f"{self.feature_loss_weight}; e.g. 1.0")
         if self.feature_scaling not in FEATURE_SCALINGS:
             raise SpecgraftError(f"eagle3 feature_scaling must be one of {', '.join(FEATURE_SCALINGS)}, got "
                                  f"{self.feature_scaling!r}; set head.feature_scaling")

@@ -235,10 +235,15 @@ class Eagle3Head(EagleHeadBase):
         (causal, padding keys masked) plus this index's keys of steps 1..s (see
         :func:`~specgraft.heads.layers.eagle_attention_forward`). Its logits predict ``x_{i+s+2}``.
         """
+        return self._unroll(batch, target_out, steps)[1]
+
+    def _unroll(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
+                steps: int | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(fc's output on the fused target features [B, T, h], the S step outputs of :meth:`ttt_outputs`)."""
         steps = self.config.ttt_steps if steps is None else int(steps)
         input_ids = batch["input_ids"]  # [B, T]
         seq_len = input_ids.shape[1]
-        hidden = self.input_features(target_out.hidden_states)  # [B, T, h]
+        fused = hidden = self.input_features(target_out.hidden_states)  # [B, T, h]
         embeds = self.embed(input_ids)  # [B, T, h]
         real = batch.get("attention_mask")
         # Padding keys masked whenever there is an attention mask (all ones gives the plain causal mask): testing
@@ -252,7 +257,7 @@ class Eagle3Head(EagleHeadBase):
             step_embeds = F.pad(embeds[:, s + 1 :], (0, 0, 0, min(s + 1, seq_len)))  # [B, T, h]: x_{i+s+1}
             hidden = self._layers_forward(step_embeds, hidden, base_positions + s, mask, eagle_ttt=state)
             outputs.append(hidden)
-        return outputs
+        return fused, outputs
 
     def ttt_logits(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
                    steps: int | None = None) -> list[torch.Tensor]:
@@ -310,7 +315,11 @@ class Eagle3Head(EagleHeadBase):
             with torch.no_grad():
                 in_vocab = self._in_draft_vocab(self._soft_targets(target_out))
         labels = _label_positions(batch)
-        return {f"step{s}": self._scored(labels, in_vocab, s).sum() for s in range(self.config.ttt_steps)}
+        counts = {f"step{s}": self._scored(labels, in_vocab, s).sum() for s in range(self.config.ttt_steps)}
+        if self.config.feature_loss_weight:
+            real = _real_positions(batch)
+            counts.update({f"feature{s}": _aligned(real, s).sum() for s in range(self.config.ttt_steps - 1)})
+        return counts
 
     def training_loss(self, batch: dict[str, torch.Tensor], target_out: TargetOutput,
                       num_items: dict[str, torch.Tensor] | None = None) -> HeadLoss:
@@ -321,11 +330,13 @@ class Eagle3Head(EagleHeadBase):
         ``num_items["step{s}"]`` when given (see :meth:`DraftHead.training_loss`); ``loss/step{s}`` logs its soft
         cross-entropy, ``loss/topk/step{s}`` its top-K term."""
         target_logits = self._soft_targets(target_out)
-        outputs = self.ttt_outputs(batch, target_out)
+        fused, outputs = self._unroll(batch, target_out)
         labels = _label_positions(batch)  # [B, T]
         batch_size, seq_len = labels.shape
         with torch.no_grad():
             flat_target = target_logits.detach().reshape(batch_size * seq_len, -1)  # [B*T, V]
+            if float(self.config.target_temperature) != 1.0:
+                flat_target = flat_target / float(self.config.target_temperature)
             in_vocab = self._in_draft_vocab(target_logits)  # [B, T] or None
             # [Vd] target id of each draft id (None: the draft vocab is the target vocab)
             columns = None if in_vocab is None else self.draft_token_ids().to(flat_target.device)
@@ -360,6 +371,17 @@ class Eagle3Head(EagleHeadBase):
                 metrics[f"top1/step{s}"] = item_mean((rank == 0).sum().float(), rows.shape[0], num_items,
                                                      f"step{s}")
         assert total is not None  # ttt_steps >= 1 (validated)
+        weight = float(self.config.feature_loss_weight)
+        if weight:
+            real = _real_positions(batch)
+            fused = fused.detach()  # the target side of the alignment stays where fc puts it
+            for s, out in enumerate(outputs[:-1]):
+                aligned = _aligned(real, s)  # [B, T - s - 1]
+                length = aligned.shape[1]
+                error = _relative_squared_error(out[:, :length][aligned], fused[:, s + 1 : s + 1 + length][aligned])
+                step_loss = item_mean(error.sum(), error.shape[0], num_items, f"feature{s}")
+                total = total + weight * (self.config.loss_decay ** s) * step_loss
+                metrics[f"loss/feature/step{s}"] = step_loss.detach()
         return HeadLoss(loss=total, metrics=metrics)
 
 
@@ -376,6 +398,26 @@ def _label_positions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     if batch.get("loss_mask") is not None:
         mask = mask & batch["loss_mask"].bool()
     return mask
+
+
+def _real_positions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[B, T] bool: real (not padding) tokens."""
+    mask = batch.get("attention_mask")
+    return torch.ones_like(batch["input_ids"], dtype=torch.bool) if mask is None else mask.bool()
+
+
+def _aligned(real: torch.Tensor, step: int) -> torch.Tensor:
+    """[B, max(T - s - 1, 0)] bool: index i of TTT step s has a feature-alignment target (tokens i and i+s+1
+    real)."""
+    length = max(real.shape[1] - step - 1, 0)
+    return real[:, :length] & real[:, step + 1 : step + 1 + length]
+
+
+def _relative_squared_error(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``|pred - target|^2 / |target|^2`` over the last dimension, [.., h] -> [..] (fp32; a zero target row counts
+    as size 1e-6)."""
+    target = target.float()
+    return (pred.float() - target).pow(2).sum(-1) / target.pow(2).sum(-1).clamp_min(1e-6)
 
 
 def _shift(x: torch.Tensor, offset: int, length: int) -> torch.Tensor:
@@ -412,6 +454,7 @@ def eagle3_ttt_loss(
     decay: float = 0.8,
     topk: int = 0,
     topk_weight: float = 1.0,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """EAGLE-3 training-time-test loss: ``sum_s decay**s * (L_s + topk_weight * K_s)`` (K_s only when topk > 0).
 
@@ -423,6 +466,7 @@ def eagle3_ttt_loss(
         loss_mask: [B, T] 1 on real loss tokens (assistant tokens that are not padding), at the TOKEN's position.
         d2t: [Vd] offsets (draft id d is target id ``d + d2t[d]``); t2d: [V] bool, target ids in the draft vocab.
         decay: step weight base.
+        temperature: p is the softmax of the target's logits divided by it (``head.target_temperature``).
 
     ``L_s`` is the mean, over indices i with ``i+s+2 < T``, ``loss_mask[i+s+2] == 1`` and the target's top-1 at
     ``i+s+1`` inside the draft vocab, of ``-sum_d p(d) log softmax(step_logits[s][i])(d)`` where p is the softmax
@@ -433,7 +477,7 @@ def eagle3_ttt_loss(
     Returns:
         (the scalar loss, the S per-step soft cross-entropies L_s).
     """
-    target_probs, in_vocab, _ = _restricted_targets(target_logits, d2t, t2d)
+    target_probs, in_vocab, _ = _restricted_targets(target_logits / temperature, d2t, t2d)
     labels = loss_mask.bool()
     seq_len = labels.shape[1]
     per_step, weighted = [], []
@@ -447,3 +491,30 @@ def eagle3_ttt_loss(
             step_loss = step_loss + topk_weight * topk_distillation(logits, probs, mask, topk)
         weighted.append(step_loss)
     return decayed_sum(weighted, decay, "eagle3_ttt_loss"), per_step
+
+
+def eagle3_feature_loss(step_outputs: Sequence[torch.Tensor], fused: torch.Tensor, attention_mask: torch.Tensor,
+                        decay: float = 0.8) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The feature-alignment term of ``head.feature_loss_weight``: ``sum_{s < S-1} decay**s * F_s``.
+
+    Args:
+        step_outputs: S tensors [B, T, h], the draft's output feature of each TTT step at each index.
+        fused: [B, T, h] fc's output on the fused target features (step 0's hidden input at each position).
+        attention_mask: [B, T] 1 on real tokens.
+        decay: step weight base.
+
+    ``F_s`` is the mean, over indices i with tokens i and i+s+1 real, of ``|o_s[i] - g[i+s+1]|^2 / |g[i+s+1]|^2``
+    (o_s the step-s output, g = fused, held fixed): step s+1 drafts from o_s[i] where step 0 drafts from
+    g[i+s+1]. A step without such indices contributes 0. Returns (the scalar term, the S-1 per-step F_s).
+    """
+    real = attention_mask.bool()
+    per_step = []
+    for s, out in enumerate(step_outputs[:-1]):
+        mask = _aligned(real, s)
+        length = mask.shape[1]
+        error = _relative_squared_error(out[:, :length], fused[:, s + 1 : s + 1 + length].detach())  # [B, L]
+        per_step.append(masked_mean(error, mask))
+    if not per_step:
+        return fused.new_zeros(()), []
+    return decayed_sum(per_step, decay, "eagle3_feature_loss"), per_step
+
