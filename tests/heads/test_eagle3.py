@@ -96,21 +96,28 @@ def test_feature_loss_matches_direct_reference():
     assert eagle3_feature_loss(outputs[:1], fused, real)[0].item() == 0.0  # S = 1: nothing to align
 
 
-@pytest.mark.parametrize("draft_vocab_size", [150, None])
-def test_aligned_training_loss_and_gradients_equal_the_reference(tiny_llama, monkeypatch, draft_vocab_size):
-    """target_temperature and feature_loss_weight: the chunked fast path gives the reference loss
-    (eagle3_ttt_loss at the temperature + weight * eagle3_feature_loss), its per-step metrics and its gradients."""
+def _chunked_loss(tiny_llama, monkeypatch, draft_vocab_size, **options):
+    """(target, head, batch, target output, trainable parameters, training_loss, its gradients) of a 3-step head
+    with ``options``, its loss computed in chunks of 5 rows of 150 (several per step)."""
     import specgraft.heads.losses as losses
 
     monkeypatch.setattr(losses, "LOGITS_CHUNK_ELEMENTS", 5 * 150)
     target = Target(tiny_llama)
     head = _head(target, counts=_counts(target.vocab_size), ttt_steps=3, draft_vocab_size=draft_vocab_size,
-                 target_temperature=0.5, feature_loss_weight=0.7).eval()
+                 **options).eval()
     batch = _batch()
     out = target(batch["input_ids"], batch["attention_mask"], layers=head.required_layers(), logits=True)
     params = [p for p in head.parameters() if p.requires_grad]
     got = head.training_loss(batch, out)
-    got_grads = torch.autograd.grad(got.loss, params)
+    return target, head, batch, out, params, got, torch.autograd.grad(got.loss, params)
+
+
+@pytest.mark.parametrize("draft_vocab_size", [150, None])
+def test_aligned_training_loss_and_gradients_equal_the_reference(tiny_llama, monkeypatch, draft_vocab_size):
+    """target_temperature and feature_loss_weight: the chunked fast path gives the reference loss
+    (eagle3_ttt_loss at the temperature + weight * eagle3_feature_loss), its per-step metrics and its gradients."""
+    target, head, batch, out, params, got, got_grads = _chunked_loss(
+        tiny_llama, monkeypatch, draft_vocab_size, target_temperature=0.5, feature_loss_weight=0.7)
     outputs = head.ttt_outputs(batch, out)
     soft, per_step = eagle3_ttt_loss([head.lm_head(head.norm(o)) for o in outputs], out.logits, batch["loss_mask"],
                                      head.d2t, head.t2d, decay=0.8, temperature=0.5)
@@ -401,17 +408,8 @@ def test_ttt_loss_with_topk_distillation_matches_direct_reference():
 def test_hass_training_loss_and_gradients_equal_the_reference(tiny_llama, monkeypatch, draft_vocab_size):
     """The chunked path with the top-K term (several chunks per step) gives the reference loss, its per-step
     metrics and its gradients for every trainable parameter."""
-    import specgraft.heads.losses as losses
-
-    monkeypatch.setattr(losses, "LOGITS_CHUNK_ELEMENTS", 5 * 150)
-    target = Target(tiny_llama)
-    head = _head(target, counts=_counts(target.vocab_size), ttt_steps=3, draft_vocab_size=draft_vocab_size,
-                 hass_topk=10, hass_topk_weight=0.5).eval()
-    batch = _batch()
-    out = target(batch["input_ids"], batch["attention_mask"], layers=head.required_layers(), logits=True)
-    params = [p for p in head.parameters() if p.requires_grad]
-    got = head.training_loss(batch, out)
-    got_grads = torch.autograd.grad(got.loss, params)
+    target, head, batch, out, params, got, got_grads = _chunked_loss(
+        tiny_llama, monkeypatch, draft_vocab_size, hass_topk=10, hass_topk_weight=0.5)
     step_logits = head.ttt_logits(batch, out)
     ref, per_step = eagle3_ttt_loss(step_logits, out.logits, batch["loss_mask"], head.d2t, head.t2d, decay=0.8,
                                     topk=10, topk_weight=0.5)

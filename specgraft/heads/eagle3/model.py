@@ -306,7 +306,8 @@ class Eagle3Head(EagleHeadBase):
 
     def loss_item_counts(self, batch: dict[str, torch.Tensor],
                          target_out: TargetOutput | None = None) -> dict[str, torch.Tensor]:
-        """``step{s}``: the scored indices TTT step s's soft cross-entropy averages over."""
+        """``step{s}``: the scored indices TTT step s's soft cross-entropy averages over; with
+        ``feature_loss_weight`` > 0 also ``feature{s}`` (s < S-1), the real pairs its feature term averages over."""
         in_vocab = None
         if self.loss_item_counts_need_target():
             if target_out is None:
@@ -328,7 +329,9 @@ class Eagle3Head(EagleHeadBase):
         to the draft vocabulary and the soft cross-entropy are never materialised as [tokens, vocab] tensors (nor is
         HASS's top-K term, ``hass_topk`` > 0, computed in the same chunks). Step s is divided by
         ``num_items["step{s}"]`` when given (see :meth:`DraftHead.training_loss`); ``loss/step{s}`` logs its soft
-        cross-entropy, ``loss/topk/step{s}`` its top-K term."""
+        cross-entropy, ``loss/topk/step{s}`` its top-K term. The soft targets are at ``target_temperature``; with
+        ``feature_loss_weight`` > 0 the :func:`eagle3_feature_loss` term is added (``feature{s}`` counts,
+        ``loss/feature/step{s}`` logs)."""
         target_logits = self._soft_targets(target_out)
         fused, outputs = self._unroll(batch, target_out)
         labels = _label_positions(batch)  # [B, T]
@@ -517,4 +520,3 @@ def eagle3_feature_loss(step_outputs: Sequence[torch.Tensor], fused: torch.Tenso
     if not per_step:
         return fused.new_zeros(()), []
     return decayed_sum(per_step, decay, "eagle3_feature_loss"), per_step
-
