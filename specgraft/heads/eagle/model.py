@@ -124,6 +124,15 @@ class EagleHeadBase(DraftHead):
         """Same as :meth:`draft_forward`."""
         return self.draft_forward(input_ids, hidden, position_ids, attention_mask, cache)
 
+    @staticmethod
+    def _masks(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T] bool real tokens, and real loss tokens."""
+        input_ids = batch["input_ids"]  # [B, T]
+        real = batch.get("attention_mask")
+        real = torch.ones_like(input_ids, dtype=torch.bool) if real is None else real.bool()
+        loss = batch.get("loss_mask")
+        return real, (real if loss is None else real & loss.bool())
+
 
 class EagleHead(EagleHeadBase):
     """EAGLE-1/2 draft head (see the module docstring)."""
@@ -182,14 +191,6 @@ class EagleHead(EagleHeadBase):
             x = layer(x, attention_mask=attention_mask, position_ids=position_ids,
                       position_embeddings=position_embeddings, cache=cache, use_cache=cache is not None, **extra)
         return x
-
-    @staticmethod
-    def _masks(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, T] bool real tokens, and real loss tokens."""
-        input_ids = batch["input_ids"]  # [B, T]
-        real = batch.get("attention_mask")
-        real = torch.ones_like(input_ids, dtype=torch.bool) if real is None else real.bool()
-        return real, (real & batch["loss_mask"].bool() if "loss_mask" in batch else real)
 
     def loss_item_counts(self, batch: dict[str, torch.Tensor],
                          target_out: TargetOutput | None = None) -> dict[str, torch.Tensor]:

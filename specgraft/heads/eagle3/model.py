@@ -315,10 +315,9 @@ class Eagle3Head(EagleHeadBase):
                                  "output; pass target_out")
             with torch.no_grad():
                 in_vocab = self._in_draft_vocab(self._soft_targets(target_out))
-        labels = _label_positions(batch)
+        real, labels = self._masks(batch)
         counts = {f"step{s}": self._scored(labels, in_vocab, s).sum() for s in range(self.config.ttt_steps)}
         if self.config.feature_loss_weight:
-            real = _real_positions(batch)
             counts.update({f"feature{s}": _aligned(real, s).sum() for s in range(self.config.ttt_steps - 1)})
         return counts
 
@@ -334,7 +333,7 @@ class Eagle3Head(EagleHeadBase):
         ``loss/feature/step{s}`` logs)."""
         target_logits = self._soft_targets(target_out)
         fused, outputs = self._unroll(batch, target_out)
-        labels = _label_positions(batch)  # [B, T]
+        real, labels = self._masks(batch)  # [B, T] each
         batch_size, seq_len = labels.shape
         with torch.no_grad():
             flat_target = target_logits.detach().reshape(batch_size * seq_len, -1)  # [B*T, V]
@@ -376,13 +375,14 @@ class Eagle3Head(EagleHeadBase):
         assert total is not None  # ttt_steps >= 1 (validated)
         weight = float(self.config.feature_loss_weight)
         if weight:
-            real = _real_positions(batch)
             fused = fused.detach()  # the target side of the alignment stays where fc puts it
             for s, out in enumerate(outputs[:-1]):
-                aligned = _aligned(real, s)  # [B, T - s - 1]
+                aligned = _aligned(real, s)  # [B, L = T - s - 1]
                 length = aligned.shape[1]
-                error = _relative_squared_error(out[:, :length][aligned], fused[:, s + 1 : s + 1 + length][aligned])
-                step_loss = item_mean(error.sum(), error.shape[0], num_items, f"feature{s}")
+                # every index's error, then masked: no boolean indexing (a host sync) per step
+                error = _relative_squared_error(out[:, :length], fused[:, s + 1 : s + 1 + length])  # [B, L]
+                step_loss = item_mean(torch.where(aligned, error, 0.0).sum(), aligned.sum(), num_items,
+                                      f"feature{s}")
                 total = total + weight * (self.config.loss_decay ** s) * step_loss
                 metrics[f"loss/feature/step{s}"] = step_loss.detach()
         return HeadLoss(loss=total, metrics=metrics)
@@ -390,23 +390,6 @@ class Eagle3Head(EagleHeadBase):
 
 # ----------------------------------------------------------------------------------------------------------------
 # The loss as a pure function (the reference the fast training path is pinned against)
-
-
-def _label_positions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """[B, T] bool: real tokens that are loss (assistant) tokens."""
-    input_ids = batch["input_ids"]
-    mask = torch.ones_like(input_ids, dtype=torch.bool)
-    if batch.get("attention_mask") is not None:
-        mask = mask & batch["attention_mask"].bool()
-    if batch.get("loss_mask") is not None:
-        mask = mask & batch["loss_mask"].bool()
-    return mask
-
-
-def _real_positions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """[B, T] bool: real (not padding) tokens."""
-    mask = batch.get("attention_mask")
-    return torch.ones_like(batch["input_ids"], dtype=torch.bool) if mask is None else mask.bool()
 
 
 def _aligned(real: torch.Tensor, step: int) -> torch.Tensor:
