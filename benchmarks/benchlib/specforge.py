@@ -46,7 +46,7 @@ MODES = ("tree", "chain")
 BASELINE = "specgraft"
 PEER = "specforge"
 #: SpecForge ``training`` keys a ``--peer-lever`` may set (the rest is the shared budget and architecture)
-PEER_TRAINING_KEYS = ("learning_rate", "warmup_ratio", "lr_scheduler", "max_grad_norm", "ttt_length")
+PEER_TRAINING_KEYS = ("learning_rate", "warmup_ratio", "lr_scheduler", "max_grad_norm", "ttt_length", "seed")
 #: SpecForge draft-config keys a ``--peer-lever`` may set (a specgraft lever that changes the head's size is then
 #: tried on the peer at the same size)
 PEER_DRAFT_KEYS = ("draft_vocab_size",)

@@ -396,6 +396,31 @@ class Eagle3MidLayer(nn.Module):
             self.pre_feedforward_layernorm = layer.pre_feedforward_layernorm
             self.post_feedforward_layernorm = layer.post_feedforward_layernorm
 
+    @torch.no_grad()
+    def copy_decoder_layer(self, layer: nn.Module) -> None:
+        """Take over the weights of ``layer``, a decoder layer of the same family (the target's): the midlayer
+        then computes on ``hidden`` what ``layer`` computes on its input, whatever the embedding (the q/k/v
+        columns that read the embedding start at zero; the embedding's own norm keeps its initialisation)."""
+        state = {name: value.detach() for name, value in layer.state_dict().items()}
+        for name in [name for name in state if name.startswith("input_layernorm.")]:
+            state["hidden_norm." + name.removeprefix("input_layernorm.")] = state.pop(name)
+        for name, current in self.state_dict().items():
+            if name.startswith("input_layernorm."):
+                continue
+            source = state.get(name)
+            if source is None:
+                raise SpecgraftError(f"{type(layer).__name__} has no {name} to start the EAGLE-3 midlayer's from; "
+                                     "use head.layer_init=random")
+            if current.shape == source.shape:
+                current.copy_(source)
+            elif current.ndim == 2 and current.shape[0] == source.shape[0] and current.shape[1] == 2 * source.shape[1]:
+                width = source.shape[1]  # q/k/v read concat(embedding, hidden): the hidden half is the layer's
+                current[:, :width].zero_()
+                current[:, width:].copy_(source)
+            else:
+                raise SpecgraftError(f"cannot start the EAGLE-3 midlayer's {name} {tuple(current.shape)} from "
+                                     f"{type(layer).__name__}'s {tuple(source.shape)}; use head.layer_init=random")
+
     def forward(
         self,
         embeds: torch.Tensor,

@@ -64,7 +64,7 @@ FIELDS_ADDED_LATER = {"lora.learning_rate_divisor": 4.0, "training.train_metrics
                       "training.eval_setting": None, "training.eval_best_by": "sim_tau",
                       "data.replay_path": None, "data.replay_share": 0.1, "head.lm_head_lr_scale": 1.0,
                       "head.feature_scaling": "none", "head.target_temperature": 1.0,
-                      "head.feature_loss_weight": 0.0}
+                      "head.feature_loss_weight": 0.0, "head.layer_init": "random"}
 
 #: Inside output.dir: the head with the best held-out tau so far (``training.eval_every``).
 BEST_DIR = "best"

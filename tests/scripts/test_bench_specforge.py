@@ -48,9 +48,9 @@ def test_a_malformed_lever_is_one_error_line(item, capsys):
 
 def test_peer_levers_are_specforge_training_settings_with_typed_numbers():
     got = specforge.parse_peer_levers(["lr3e3:learning_rate=3e-3,ttt_length=2", "const:lr_scheduler=constant",
-                                       "v49k:draft_vocab_size=49152"])
+                                       "v49k:draft_vocab_size=49152", "seed1:seed=1"])
     assert got == [("lr3e3", {"learning_rate": 0.003, "ttt_length": 2}), ("const", {"lr_scheduler": "constant"}),
-                   ("v49k", {"draft_vocab_size": 49152})]
+                   ("v49k", {"draft_vocab_size": 49152}), ("seed1", {"seed": 1})]
 
 
 @pytest.mark.parametrize("item, named", [("lr:batch_size=8", "batch_size"), ("lr:max_steps=10", "max_steps"),

@@ -17,6 +17,8 @@ logger = logging.getLogger(__name__)
 
 #: ``head.feature_scaling`` values: raw features, one scale per fused layer, one per hidden dimension.
 FEATURE_SCALINGS = ("none", "layer", "dim")
+#: ``head.layer_init`` values: a fresh random draft layer, or the target's layer that reads the deepest fused one.
+LAYER_INITS = ("random", "target")
 
 
 @dataclass
@@ -72,6 +74,14 @@ class Eagle3Config:
     layers are many times larger than its shallow ones, so raw, AdamW learns the deep layers' share of fc first;
     scaled, every layer (or dimension) learns at the same speed. The scale is folded into fc's saved weight: the
     trained head, its checkpoints and exports are ordinary EAGLE-3 weights."""
+    layer_init: str = "random"
+    """Training only, a fresh head: ``target`` starts the draft from the target itself. fc starts by passing the
+    deepest fused layer's hidden state through unchanged (the other layers' columns at zero), and the midlayer is a
+    copy of the target's decoder layer that reads that hidden state (the last layer when it is the target's
+    output), its q/k/v columns for the token embedding at zero; further draft layers copy the target's next
+    layers. At step 0 the fresh draft then computes exactly what the target's next layer computes, and training
+    starts from the target's own attention and MLP weights instead of noise. ``random`` (the default) initialises
+    the draft layers as the family initialises a new layer. A warm start (init_from) keeps its source's weights."""
     draft_vocab_heldout_every: int = 20
     """Every n-th training row (5% by default) is left out of the draft-vocabulary counts, and the reported
     draft_vocab_coverage is measured on its loss tokens (coverage on the rows the vocabulary was counted from reads
@@ -90,6 +100,8 @@ class Eagle3Config:
         if self.feature_scaling not in FEATURE_SCALINGS:
             raise ConfigError(f"{path}.feature_scaling is {self.feature_scaling!r}; use one of "
                               f"{', '.join(FEATURE_SCALINGS)}")
+        if self.layer_init not in LAYER_INITS:
+            raise ConfigError(f"{path}.layer_init is {self.layer_init!r}; use one of {', '.join(LAYER_INITS)}")
         if self.draft_vocab_size is not None:
             check_positive(f"{path}.draft_vocab_size", self.draft_vocab_size)
         if self.draft_vocab_heldout_every < 0 or self.draft_vocab_heldout_every == 1:
@@ -139,3 +151,6 @@ class Eagle3Config:
         if self.feature_scaling not in FEATURE_SCALINGS:
             raise SpecgraftError(f"eagle3 feature_scaling must be one of {', '.join(FEATURE_SCALINGS)}, got "
                                  f"{self.feature_scaling!r}; set head.feature_scaling")
+        if self.layer_init not in LAYER_INITS:
+            raise SpecgraftError(f"eagle3 layer_init must be one of {', '.join(LAYER_INITS)}, got "
+                                 f"{self.layer_init!r}; set head.layer_init")

@@ -104,10 +104,36 @@ class Eagle3Head(EagleHeadBase):
     @classmethod
     def build(cls, target: Target, config: Eagle3Config) -> Eagle3Head:
         """A fresh head whose final norm and lm_head rows start from the target's (a warm start for the draft's
-        output space); everything else is randomly initialised."""
+        output space); fc and the draft layers too with ``layer_init: target``, else they are randomly
+        initialised."""
         head = cls(config, target)
         head._init_from_target()
+        if config.layer_init == "target":
+            head._init_layers_from_target()
         return head
+
+    @torch.no_grad()
+    def _init_layers_from_target(self) -> None:
+        """``head.layer_init: target``: fc passes the deepest fused layer through, the draft layers are copies of
+        the target's layers from the one that reads it (see :class:`Eagle3Config`)."""
+        fused = [int(i) for i in self.config.feature_layers]
+        deepest = max(fused)
+        h = self.target.hidden_size
+        weight = self.fc.weight  # [h, k*h]; the input scale (feature_scaling) is set later, keeping this function
+        weight.zero_()
+        column = fused.index(deepest) * h
+        weight[:, column:column + h] = torch.eye(h, dtype=weight.dtype, device=weight.device)
+        if self.fc.bias is not None:
+            self.fc.bias.zero_()
+        # output_hidden_states index i is decoder layer i's input; N, the target's (normed) output, has no reader.
+        last = self.target.num_layers - 1
+        sources = [self.target.decoder_layers[min(deepest + i, last)] for i in range(self.config.num_layers)]
+        self.midlayer.copy_decoder_layer(sources[0])
+        for layer, source in zip(self.layers, sources[1:], strict=True):
+            layer.load_state_dict(source.state_dict())
+        logger.info("EAGLE-3 layer_init=target: fc passes target layer %d through; the draft layers start as the "
+                    "target's decoder layers %s", deepest, sorted({min(deepest + i, last)
+                                                                   for i in range(self.config.num_layers)}))
 
     @torch.no_grad()
     def _init_from_target(self) -> None:
@@ -158,8 +184,9 @@ class Eagle3Head(EagleHeadBase):
     def prepare_from_target(self, hidden_states: dict[int, torch.Tensor], mask: torch.Tensor, *,
                             warm_started: bool = False) -> dict[str, Any]:
         """Set fc's input scale (``head.feature_scaling``) from the target's hidden states [B, T, h] on a few
-        training rows (``mask`` [B, T]: real tokens). A warm-started fc keeps computing the same function; a fresh
-        one's random initialisation applies to the scaled features. Returns the log2 scales per fused layer."""
+        training rows (``mask`` [B, T]: real tokens). A warm-started fc, or one started from the target
+        (``layer_init: target``), keeps computing the same function; a fresh random one's initialisation applies to
+        the scaled features. Returns the log2 scales per fused layer."""
         mode = self.config.feature_scaling
         if mode == "none":
             return {}
@@ -176,7 +203,8 @@ class Eagle3Head(EagleHeadBase):
             log2 = torch.log2(scale).to(torch.int64)
             exponents[str(int(layer))] = (int(log2[0]) if mode == "layer"
                                           else [int(log2.min()), int(log2.max())])
-        self.fc.set_input_scale(torch.cat(scales), keep_function=warm_started)
+        keep = warm_started or self.config.layer_init == "target"
+        self.fc.set_input_scale(torch.cat(scales), keep_function=keep)
         logger.info("EAGLE-3 feature_scaling=%s: log2 of the fc input scale per fused layer %s (from %d tokens)",
                     mode, exponents, int(real.sum()))
         return {"feature_scale_log2": exponents}
