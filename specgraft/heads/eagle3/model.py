@@ -127,13 +127,13 @@ class Eagle3Head(EagleHeadBase):
             self.fc.bias.zero_()
         # output_hidden_states index i is decoder layer i's input; N, the target's (normed) output, has no reader.
         last = self.target.num_layers - 1
-        sources = [self.target.decoder_layers[min(deepest + i, last)] for i in range(self.config.num_layers)]
-        self.midlayer.copy_decoder_layer(sources[0])
+        sources = [min(deepest + i, last) for i in range(self.config.num_layers)]
+        layers = self.target.decoder_layers
+        self.midlayer.copy_decoder_layer(layers[sources[0]])
         for layer, source in zip(self.layers, sources[1:], strict=True):
-            layer.load_state_dict(source.state_dict())
+            layer.load_state_dict(layers[source].state_dict())
         logger.info("EAGLE-3 layer_init=target: fc passes target layer %d through; the draft layers start as the "
-                    "target's decoder layers %s", deepest, sorted({min(deepest + i, last)
-                                                                   for i in range(self.config.num_layers)}))
+                    "target's decoder layers %s", deepest, sources)
 
     @torch.no_grad()
     def _init_from_target(self) -> None:
