@@ -12,18 +12,16 @@ from safetensors.torch import load_file
 
 from specgraft.cli import main as cli_main
 from specgraft.config import load_recipe
-from specgraft.heads import head_class
 from specgraft.target import Target
 from specgraft.testing import tiny_model
 from specgraft.train.trainer import HeadTrainer
 
 from ..train.test_trainer import tiny_run  # noqa: F401  (fixture)
+from .test_eagle3 import _head
 
 
 def _step0(target: Target, ids: torch.Tensor, **config) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    cls = head_class("eagle3")
-    torch.manual_seed(1)
-    head = cls.build(target, cls.Config(ttt_steps=1, draft_vocab_size=64, **config).resolve(target)).eval()
+    head = _head(target, ttt_steps=1, draft_vocab_size=64, **config).eval()
     depth = max(head.config.feature_layers) + head.config.num_layers
     out = target(ids, torch.ones_like(ids), layers=(*head.required_layers(), depth))
     if head.config.feature_scaling != "none":
